@@ -1,0 +1,29 @@
+"""Differential-privacy bookkeeping for dpgen: ledger, accountants, calibration, noisy queries.
+
+All accounting goes through Google's ``dp_accounting`` (RDP or PLD) with the
+add/remove-one neighbouring relation; see :mod:`dpgen.privacy.ledger`.
+"""
+
+from dpgen.privacy.calibrate import calibrate_noise_multiplier, calibrate_steps
+from dpgen.privacy.ledger import (
+    BudgetGuard,
+    EventBuilder,
+    LedgerEntry,
+    PrivacyLedger,
+    check_delta,
+    check_epsilon,
+)
+from dpgen.privacy.mechanisms import clip_rows, gaussian_sum_query
+
+__all__ = [
+    "PrivacyLedger",
+    "LedgerEntry",
+    "BudgetGuard",
+    "EventBuilder",
+    "check_delta",
+    "check_epsilon",
+    "calibrate_noise_multiplier",
+    "calibrate_steps",
+    "clip_rows",
+    "gaussian_sum_query",
+]
