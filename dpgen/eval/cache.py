@@ -1,0 +1,92 @@
+"""On-disk cache for evaluation artefacts that depend only on the REAL data (classifiers trained on
+the real training split, Inception statistics of the real training split).
+
+Keys hash the dataset name, a fingerprint of the array contents (so a changed split never reuses a
+stale entry, a problem DPImageBench's Inception cache has), the relevant settings and the seed.
+Writes are atomic: a temporary file in the same folder is renamed over the target.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CACHE_VERSION = 1
+
+
+def array_fingerprint(*arrays: np.ndarray) -> str:
+    """BLAKE2b of the shapes, dtypes and bytes of ``arrays``."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def cache_key(fields: dict[str, Any]) -> str:
+    """Stable short hash of a JSON-able dict."""
+    blob = json.dumps({"_v": CACHE_VERSION, **fields}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def cache_path(cache_dir: str | Path, stem: str, key: str, suffix: str) -> Path:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem)
+    return Path(cache_dir) / f"{safe}-{key}{suffix}"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_torch(path: Path) -> Any | None:
+    """The cached object, or None when absent or unreadable (then the caller recomputes)."""
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+
+
+def save_arrays(path: Path, **arrays: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception:
+        return None
