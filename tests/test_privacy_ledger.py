@@ -412,3 +412,12 @@ def test_budget_guard_pld():
         guard.step()
     assert led.epsilon() <= 0.5
     assert led.epsilon(extra=_one(q=0.01, z=2.0)) > 0.5
+
+
+def test_from_json_recomputes_the_same_epsilon():
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=10.0)
+    ledger.record("a", [1.1], "poisson", 0.01, count=500)
+    ledger.record("b", [5.0], count=3)
+    rebuilt = PrivacyLedger.from_json(ledger.to_json())
+    assert rebuilt.entries == ledger.entries
+    assert rebuilt.epsilon() == ledger.epsilon() > 0

@@ -550,6 +550,15 @@ class PrivacyLedger:
             "sound_epsilon": float(self.epsilon()),
         }
 
+    @classmethod
+    def from_json(cls, d: dict) -> "PrivacyLedger":
+        """Rebuild a ledger from ``privacy.json`` (to recompute or re-convert its sound ε)."""
+        ledger = cls(delta=d["delta"], target_epsilon=d.get("target_epsilon"), accountant=d.get("accountant", "rdp"),
+                     accounting=d.get("accounting", "sound"))
+        ledger.entries = [LedgerEntry.from_dict(e) for e in d["entries"]]
+        ledger.notes = [str(n) for n in d.get("notes", [])]
+        return ledger
+
     def __repr__(self) -> str:
         return (
             f"PrivacyLedger(delta={self.delta}, target_epsilon={self.target_epsilon}, accountant={self.accountant!r}, "

@@ -1,0 +1,96 @@
+"""Command-line plumbing shared by scripts/: one-line errors and a dry composition check.
+
+Hydra reports a bad override with a multi-line message after it has created the run
+directory. :func:`precheck` composes the config first (every value of every sweep), so a
+typo, an unknown method/dataset or eps <= 0 ends with one line and exit code 2 before
+anything is written.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from dpgen.core.methods import CONFIG_DIR, available
+from dpgen.errors import DpgenError
+
+EXIT_USER_ERROR = 2
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a DpgenError into ``error: <one line>`` on stderr and exit code 2."""
+    try:
+        yield
+    except DpgenError as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _override_variants(args: Sequence[str]) -> list[list[str]]:
+    """Override lists that together cover every value of every sweep (not every combination)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(args))
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    firsts = {o.key_or_group: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in sweeps}
+    variants = [plain + list(firsts.values())]
+    for o in sweeps:
+        for value in list(o.sweep_string_iterator())[1:]:
+            others = [v for key, v in firsts.items() if key != o.key_or_group]
+            variants.append(plain + others + [f"{o.get_key_element()}={value}"])
+    return variants
+
+
+def precheck(args: Sequence[str], config_name: str = "train") -> None:
+    """Compose the config for the given overrides and validate it; raise DpgenError on any problem."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpgen.core.config import register_resolvers
+    from dpgen.core.pipeline import validate
+
+    register_resolvers()
+    overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    for group in ("method", "dataset", "eval", "profile"):
+        for a in overrides:
+            if a.split("=", 1)[0] == group:
+                for value in a.split("=", 1)[1].split(","):
+                    if value not in available(group):
+                        raise DpgenError(f"unknown {group} {value!r}; choose one of {', '.join(available(group))}")
+    try:
+        variants = _override_variants([a for a in overrides if not a.startswith("hydra")])
+    except Exception as exc:  # noqa: BLE001 - Hydra's parse errors
+        raise DpgenError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
+    for variant in variants:
+        try:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+                cfg = compose(config_name, overrides=variant)
+            OmegaConf.resolve(cfg)
+        except DpgenError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            raise DpgenError(f"bad config: {first}") from None
+        if config_name == "train":
+            validate(cfg)
+            _check_inputs(cfg)
+
+
+def _check_inputs(cfg) -> None:
+    """Data files, δ < 1/N and a readable checkpoint, checked before Hydra creates any directory."""
+    from pathlib import Path
+
+    from dpgen.core.checkpoint import load_checkpoint
+    from dpgen.data import load_dataset
+    from dpgen.privacy import check_delta
+
+    data = load_dataset(cfg.dataset.name, cfg.data_root)  # builds the cache the job will then read
+    check_delta(float(cfg.delta), len(data.train))
+    if cfg.resume is not None:
+        load_checkpoint(Path(cfg.resume) / "checkpoints" / "last.pt")

@@ -1,0 +1,1 @@
+"""Method-independent machinery: the released-generator artifact, checkpoints, the run context and pipeline."""

@@ -1,0 +1,39 @@
+"""OmegaConf resolvers used by configs/ (registered before Hydra composes the config).
+
+- ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
+- ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
+- ``${run_dir:${resume},DEFAULT}`` / ``${hydra_subdir:${resume}}``: a resumed run keeps writing
+  into its original directory, and its new Hydra config goes beside (not over) the old one.
+"""
+from __future__ import annotations
+
+import time
+
+from omegaconf import OmegaConf
+
+from dpgen.errors import DpgenError
+
+
+def _by_profile(paper, quick, *, _root_):
+    return paper if _root_.profile == "paper" else quick
+
+
+def _by_dataset(table, *, _root_):
+    name = _root_.dataset.name
+    if name in table:
+        return table[name]
+    if "default" in table:
+        return table["default"]
+    raise DpgenError(f"no value for dataset {name!r} in {dict(table)}; add it to the method config")
+
+
+def register_resolvers() -> None:
+    for name, fn in {
+        "by_profile": _by_profile,
+        "by_dataset": _by_dataset,
+        "run_dir": lambda resume, default: default if resume in (None, "", "null") else str(resume),
+        "hydra_subdir": lambda resume: ".hydra" if resume in (None, "", "null")
+        else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+    }.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)

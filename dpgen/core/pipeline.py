@@ -1,0 +1,149 @@
+"""One training job end to end: validate → data → ledger → method → release → evaluate.
+
+Writes the run-directory contract (README "Run outputs"): generator.pt, samples.png,
+privacy.json, metrics.json and checkpoints/last.pt next to Hydra's .hydra/ and train.log.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from dpgen.core.checkpoint import atomic_write_json
+from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_generator
+from dpgen.core.methods import available, load_method
+from dpgen.core.run import Run
+from dpgen.data import load_dataset
+from dpgen.data.torch_utils import to_uint8
+from dpgen.errors import DpgenError
+from dpgen.privacy import PrivacyLedger, check_delta, check_epsilon
+
+log = logging.getLogger("dpgen")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DpgenError(f"device={name} requested but CUDA is not available; use device=auto or device=cpu")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise DpgenError(f"device must be auto, cpu or cuda[:i], not {name!r}")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks that need no data; the rest (δ < 1/N, files) follows once data is loaded."""
+    check_epsilon(float(cfg.eps))
+    if cfg.method.name not in available("method"):
+        raise DpgenError(f"unknown method {cfg.method.name!r}; choose one of {', '.join(available('method'))}")
+    if cfg.privacy.accounting not in ("sound", "paper"):
+        raise DpgenError(f"privacy.accounting must be sound or paper, not {cfg.privacy.accounting!r}")
+    if cfg.privacy.accountant not in ("rdp", "pld"):
+        raise DpgenError(f"privacy.accountant must be rdp or pld, not {cfg.privacy.accountant!r}")
+    if cfg.profile not in ("quick", "paper"):
+        raise DpgenError(f"profile must be quick or paper, not {cfg.profile!r}")
+
+
+def fingerprint(cfg: DictConfig) -> dict:
+    """The settings a resumed run must share with the original (privacy-relevant ones first)."""
+    return {
+        "method": cfg.method.name, "dataset": cfg.dataset.name, "eps": float(cfg.eps), "delta": float(cfg.delta),
+        "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
+        "accountant": cfg.privacy.accountant,
+        "hparams": OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True),
+    }
+
+
+def save_sample_grid(gen: ReleasedGenerator, path: Path, per_class: int, seed: int) -> None:
+    """``samples.png``: one row per class, ``per_class`` columns."""
+    from torchvision.utils import save_image
+
+    k = gen.num_classes
+    labels = torch.arange(k).repeat_interleave(per_class)
+    x, _ = gen.sample(len(labels), labels=labels, seed=seed)
+    tmp = path.with_name(".samples.tmp.png")
+    save_image(x, tmp, nrow=per_class, padding=1)
+    tmp.replace(path)
+
+
+def run_training(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train, release and evaluate. Returns the metrics dict."""
+    validate(cfg)
+    device = resolve_device(str(cfg.device))
+    seed_everything(int(cfg.seed))
+    data = load_dataset(cfg.dataset.name, cfg.data_root)
+    delta = float(cfg.delta)
+    check_delta(delta, len(data.train))
+    ledger = PrivacyLedger(delta=delta, target_epsilon=float(cfg.eps), accountant=cfg.privacy.accountant,
+                           accounting=cfg.privacy.accounting)
+    resume = cfg.resume is not None
+    run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
+              log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
+              tensorboard=cfg.tensorboard, progress=cfg.progress)
+    method = load_method(cfg.method.module)
+    log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s", cfg.method.name, data.name,
+             len(data.train), cfg.eps, delta, cfg.profile, device)
+    t0 = time.time()
+    try:
+        gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
+    finally:
+        run.close()
+    train_seconds = time.time() - t0
+    if not isinstance(gen, ReleasedGenerator):
+        raise TypeError(f"{cfg.method.module}.train must return a ReleasedGenerator")
+
+    eps_sound = ledger.epsilon() if ledger.entries else 0.0
+    if ledger.valid_dp_guarantee and eps_sound > float(cfg.eps) * (1 + 1e-9):
+        raise RuntimeError(f"privacy budget overrun: epsilon {eps_sound:.6f} > target {cfg.eps}")  # a bug, never a user error
+    gen = gen.to(device).eval()
+    save_generator(gen, run_dir / "generator.pt", meta={"method": cfg.method.name, "dataset": data.name,
+                                                         "classes": list(data.classes)})
+    if not data.tabular:
+        save_sample_grid(gen, run_dir / "samples.png", int(cfg.samples_per_class), int(cfg.seed))
+    atomic_write_json(ledger.to_json(), run_dir / "privacy.json")
+    log.info("released generator.pt; epsilon=%.4f (target %g, %s accounting)", ledger.report_epsilon()
+             if ledger.entries else 0.0, cfg.eps, ledger.accounting)
+
+    metrics = evaluate_generator(gen, data, cfg, device)
+    metrics["train_seconds"] = round(train_seconds, 1)
+    atomic_write_json(metrics, run_dir / "metrics.json")
+    return metrics
+
+
+def evaluate_generator(gen: ReleasedGenerator, data, cfg: DictConfig, device: torch.device) -> dict:
+    """Draw ``eval.num_samples`` balanced samples and run the shared evaluator."""
+    from dpgen.eval import evaluate
+
+    t0 = time.time()
+    n = int(cfg.eval.num_samples)
+    x, y = gen.sample(n, labels=balanced_labels(n, gen.num_classes), seed=int(cfg.seed) + 1)
+    x_np = x.numpy().astype(np.float32) if data.tabular else to_uint8(x)
+    metrics = evaluate(x_np, y.numpy(), data, cfg.eval, device=device, seed=int(cfg.seed),
+                       cache_dir=Path(cfg.data_root) / "cache" / "eval", log=log.info)
+    metrics.update({"method": cfg.method.name, "dataset": data.name, "target_epsilon": float(cfg.eps),
+                    "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
+                    "eval_seconds": round(time.time() - t0, 1)})
+    return _finite(metrics)
+
+
+def _finite(obj):
+    """JSON has no NaN/inf: report such values as null."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

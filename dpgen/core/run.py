@@ -1,0 +1,160 @@
+"""The run context a method trains in: device, seeded RNG, logging, progress, checkpoints.
+
+A method never writes files itself; it reports steps to :class:`Run`, which keeps the
+tqdm bar (step, ε spent, losses), tensorboard, ``train.log`` and ``checkpoints/last.pt``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from dpgen.core.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
+from dpgen.errors import DpgenError
+from dpgen.privacy import PrivacyLedger
+
+log = logging.getLogger("dpgen")
+
+
+class TrainingInterrupted(Exception):
+    """Raised by ``debug.stop_after`` to simulate a crash right after a checkpoint."""
+
+
+class Run:
+    """Everything a method's ``train`` needs besides its data and ledger."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        ledger: PrivacyLedger,
+        device: torch.device,
+        seed: int,
+        fingerprint: dict,
+        checkpoint_every: int = 500,
+        log_every: int = 20,
+        stop_after: int | None = None,
+        resume: bool = False,
+        tensorboard: bool = True,
+        progress: bool = True,
+    ) -> None:
+        self.dir = Path(run_dir)
+        self.ledger = ledger
+        self.device = device
+        self.seed = seed
+        self.fingerprint = fingerprint
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.log_every = max(1, int(log_every))
+        self.stop_after = stop_after
+        self.show_progress = progress
+        self._writer = None
+        self._tensorboard = tensorboard
+        self._pbar: tqdm | None = None
+        self._eps_cache: tuple[int, float] | None = None
+        self._t0 = time.time()
+        self.resume_state: dict | None = None
+        if resume:
+            self._load_resume_state()
+
+    # ---- RNG -----------------------------------------------------------------------------
+    def torch_generator(self, offset: int = 0) -> torch.Generator:
+        """A seeded generator on the run's device (``offset`` gives independent streams)."""
+        g = torch.Generator(device=self.device)
+        g.manual_seed(self.seed * 1_000_003 + offset)
+        return g
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.dir / "checkpoints" / "last.pt"
+
+    def _load_resume_state(self) -> None:
+        ckpt = load_checkpoint(self.checkpoint_path)
+        stored = ckpt.get("fingerprint", {})
+        diff = sorted(k for k in set(stored) | set(self.fingerprint) if stored.get(k) != self.fingerprint.get(k))
+        if diff:
+            shown = ", ".join(f"{k}: {stored.get(k)!r} -> {self.fingerprint.get(k)!r}" for k in diff[:3])
+            raise DpgenError(f"resume config differs from the checkpoint ({shown}); resume with the original settings")
+        self.ledger.load_state_dict(ckpt["ledger"])
+        set_rng_state(ckpt["rng"])
+        self.resume_state = ckpt
+        log.info("resumed from %s at step %d (epsilon so far %.4f)", self.checkpoint_path, ckpt["step"],
+                 self.ledger.epsilon() if self.ledger.entries else 0.0)
+
+    def save_checkpoint(self, step: int, state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
+        """Atomically write ``checkpoints/last.pt`` with the method state, ledger and RNG states."""
+        payload = {
+            "step": int(step),
+            "state": state,
+            "generators": {k: g.get_state() for k, g in (generators or {}).items()},
+            "ledger": self.ledger.state_dict(),
+            "rng": rng_state(),
+            "fingerprint": self.fingerprint,
+        }
+        atomic_save(payload, self.checkpoint_path)
+
+    def restore_generators(self, generators: dict[str, torch.Generator]) -> None:
+        if self.resume_state:
+            for k, g in generators.items():
+                if k in self.resume_state.get("generators", {}):
+                    g.set_state(self.resume_state["generators"][k])
+
+    @property
+    def start_step(self) -> int:
+        return int(self.resume_state["step"]) if self.resume_state else 0
+
+    # ---- progress and logging ------------------------------------------------------------
+    @property
+    def writer(self):
+        if self._writer is None and self._tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.dir / "tb"))
+        return self._writer
+
+    def epsilon_spent(self, step: int) -> float:
+        """ε so far, recomputed at most once per step (accountant calls are not free)."""
+        if self._eps_cache is None or self._eps_cache[0] != step:
+            eps = self.ledger.report_epsilon() if self.ledger.entries else 0.0
+            self._eps_cache = (step, eps)
+        return self._eps_cache[1]
+
+    def start(self, total: int, desc: str) -> None:
+        self._pbar = tqdm(total=total, initial=self.start_step, desc=desc, dynamic_ncols=True,
+                          disable=not self.show_progress, mininterval=1.0)
+
+    def step_done(self, step: int, scalars: dict[str, float], state_fn: Callable[[], dict],
+                  generators: dict[str, torch.Generator] | None = None) -> None:
+        """Report a finished training step: progress, logs, periodic checkpoint, debug stop."""
+        if self._pbar is not None:
+            self._pbar.update(step - self._pbar.n)
+        if step % self.log_every == 0:
+            eps = self.epsilon_spent(step)
+            scalars = {**{k: float(v) for k, v in scalars.items()}, "epsilon": eps}
+            if self._pbar is not None:
+                self._pbar.set_postfix({k: f"{v:.3g}" for k, v in scalars.items()}, refresh=False)
+            if self.writer is not None:
+                for k, v in scalars.items():
+                    self.writer.add_scalar(f"train/{k}", v, step)
+            log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in scalars.items()))
+        if step % self.checkpoint_every == 0 or (self.stop_after is not None and step >= self.stop_after):
+            self.save_checkpoint(step, state_fn(), generators)
+        if self.stop_after is not None and step >= self.stop_after:
+            raise TrainingInterrupted(f"debug.stop_after={self.stop_after} reached at step {step}")
+
+    def finish(self, step: int, state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+        """Final checkpoint and closing log line."""
+        self.save_checkpoint(step, state, generators)
+        if self._pbar is not None:
+            self._pbar.close()
+        log.info("training finished at step %d in %.1fs, epsilon=%.4f", step, time.time() - self._t0,
+                 self.epsilon_spent(-1))
+
+    def close(self) -> None:
+        if self._pbar is not None:
+            self._pbar.close()
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,124 @@
+"""Training loop of the DP-SGD conditional GAN (see package docstring)."""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+
+from dpgen.core.run import Run
+from dpgen.data.base import ImageDataset
+from dpgen.data.torch_utils import to_float
+from dpgen.errors import DpgenError
+from dpgen.nets.dcgan import CondGenerator, ProjectionDiscriminator
+from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
+
+log = logging.getLogger("dpgen")
+ENTRY = "dpgan.discriminator"
+
+
+def poisson_batch(n: int, q: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Indices of a Poisson-sampled batch: each record joins independently with probability q."""
+    return (torch.rand(n, generator=generator, device=device) < q).nonzero().squeeze(1)
+
+
+def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> float:
+    """σ of the discriminator's DP-SGD: given, or calibrated so that all planned steps meet ε."""
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    return calibrate_noise_multiplier(
+        ledger.target_epsilon, ledger.delta,
+        lambda z: [LedgerEntry(ENTRY, [z], "poisson", q, count=steps)], base=ledger.entries,
+        accountant=ledger.accountant,
+    )
+
+
+def discriminator_step(d_net: GradSampleModule, opt_d: DPOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
+                       x_fake: torch.Tensor, y_fake: torch.Tensor) -> torch.Tensor:
+    """One DP-SGD step of D (Abadi et al. 2016, Alg. 1 lines 5–9) on real + fake rows.
+
+    Real rows come from a Poisson batch; the fake rows have a fixed, data-independent count,
+    so adding or removing one record adds or removes one clipped per-sample gradient:
+    ℓ2 sensitivity C, noise N(0, σ²C²) added by opacus' DPOptimizer.
+    """
+    xb, yb = torch.cat([x_real, x_fake]), torch.cat([y_real, y_fake])
+    target = torch.cat([torch.ones(len(x_real), device=xb.device), torch.zeros(len(x_fake), device=xb.device)])
+    opt_d.zero_grad(set_to_none=True)
+    loss = F.binary_cross_entropy_with_logits(d_net(xb, yb), target, reduction="sum")
+    loss.backward()
+    opt_d.step()
+    return loss.detach()
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> CondGenerator:
+    if data.tabular:
+        raise DpgenError("dpgan trains image GANs; dataset credit is tabular (use method=gpate)")
+    dev = run.device
+    x_all = to_float(data.train.x).to(dev)
+    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    n, k, shape = len(x_all), data.num_classes, list(data.shape)
+    batch = int(hp.batch_size)
+    q = batch / n
+    if not 0 < q <= 1:
+        raise DpgenError(f"dpgan.batch_size={batch} must be between 1 and N={n}")
+    d_steps = int(hp.iters) * int(hp.n_critic)
+
+    g_net = CondGenerator(k, shape, z_dim=int(hp.z_dim), width=int(hp.g_width)).to(dev)
+    d_net = GradSampleModule(ProjectionDiscriminator(k, shape, width=int(hp.d_width)).to(dev), loss_reduction="sum")
+    opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
+    gens = {"sample": run.torch_generator(1), "noise": run.torch_generator(2), "fake": run.torch_generator(3)}
+
+    state = run.resume_state["state"] if run.resume_state else None
+    sigma = float(state["sigma"]) if state else plan_noise(hp, ledger, q, d_steps)
+    opt_d = DPOptimizer(torch.optim.Adam(d_net.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas)),
+                        noise_multiplier=sigma, max_grad_norm=float(hp.clip), expected_batch_size=batch,
+                        loss_reduction="sum", generator=gens["noise"])
+    if state:
+        g_net.load_state_dict(state["g"])
+        d_net._module.load_state_dict(state["d"])
+        opt_g.load_state_dict(state["opt_g"])
+        opt_d.original_optimizer.load_state_dict(state["opt_d"])
+        run.restore_generators(gens)
+    guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
+    log.info("dpgan: q=%.5f sigma=%.4f clip=%g, %d discriminator steps allowed", q, sigma, hp.clip, guard.remaining)
+
+    def fake(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.randint(0, k, (m,), generator=gens["fake"], device=dev)
+        z = torch.randn(m, g_net.z_dim, generator=gens["fake"], device=dev)
+        return g_net(z, y), y
+
+    def snapshot() -> dict:
+        return {"g": g_net.state_dict(), "d": d_net._module.state_dict(), "opt_g": opt_g.state_dict(),
+                "opt_d": opt_d.original_optimizer.state_dict(), "sigma": sigma}
+
+    run.start(int(hp.iters), desc=f"dpgan eps<={ledger.target_epsilon:g}")
+    it = run.start_step
+    loss_d = loss_g = torch.zeros(())
+    while it < int(hp.iters):
+        for _ in range(int(hp.n_critic)):
+            if not guard.allows():
+                break
+            idx = poisson_batch(n, q, gens["sample"], dev)
+            with torch.no_grad():
+                xf, yf = fake(batch)
+            loss_d = discriminator_step(d_net, opt_d, x_all[idx], y_all[idx], xf, yf)
+            guard.step()
+        else:
+            # Generator step: gradients reach G only through the DP-trained D (post-processing).
+            d_net.disable_hooks()
+            opt_g.zero_grad(set_to_none=True)
+            xf, yf = fake(batch)
+            loss_g = F.binary_cross_entropy_with_logits(d_net(xf, yf), torch.ones(batch, device=dev))
+            loss_g.backward()
+            opt_g.step()
+            d_net.enable_hooks()
+            it += 1
+            run.step_done(it, {"loss_d": loss_d.item() / (2 * batch), "loss_g": loss_g.item()}, snapshot, gens)
+            continue
+        log.info("privacy budget reached after %d generator iterations", it)
+        break
+    run.finish(it, snapshot(), gens)
+    return g_net.eval()

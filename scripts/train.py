@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Train a DP generator: ``python scripts/train.py method=<m> dataset=<d> eps=<ε> [key=value ...]``.
+
+See README for the run-directory contract. Exit codes: 0 ok, 2 user error (one line on
+stderr, nothing overwritten), 3 interrupted by ``debug.stop_after``.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from dpgen.cli import fail, precheck, user_errors
+from dpgen.core.config import register_resolvers
+from dpgen.core.methods import CONFIG_DIR
+from dpgen.core.run import TrainingInterrupted
+from dpgen.errors import DpgenError
+
+log = logging.getLogger("dpgen")
+register_resolvers()
+
+
+def _remove_fresh_run_dir(run_dir: Path) -> None:
+    """Remove the directory this call just created (no training happened) and its empty parents."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:
+        if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from dpgen.core.pipeline import run_training
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    fresh = cfg.resume is None
+    try:
+        metrics = run_training(cfg, run_dir)
+    except DpgenError as exc:
+        log.error("%s", exc)
+        if fresh and not (run_dir / "checkpoints").exists():
+            _remove_fresh_run_dir(run_dir)
+        fail(str(exc))
+    except TrainingInterrupted as exc:
+        log.warning("%s; resume with resume=%s", exc, run_dir)
+        sys.exit(3)
+    g2r = metrics.get("g2r", {}).get("cnn", {}).get("accuracy")
+    print(f"run directory: {run_dir}")
+    print(f"epsilon spent: see {run_dir / 'privacy.json'}; g2r CNN accuracy: {g2r}")
+
+
+if __name__ == "__main__":
+    if "--help" not in sys.argv and "-h" not in sys.argv and "--cfg" not in sys.argv:
+        with user_errors():
+            precheck(sys.argv[1:])
+    main()

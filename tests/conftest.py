@@ -1,0 +1,34 @@
+"""Shared helpers: run the real CLI scripts in a subprocess, in a scratch working directory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small enough for CI, big enough to exercise every stage (training, checkpoint, release, eval).
+TINY = [
+    "dpgan.iters=12", "dpgan.batch_size=64", "dpgan.g_width=8", "dpgan.d_width=8",
+    "checkpoint_every=4", "log_every=4", "samples_per_class=4", "progress=false",
+    "eval.num_samples=200", "eval.epochs=1", "eval.fid=false", "eval.classifiers=[cnn]",
+]
+
+
+def run_script(script: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DPGEN_DATA": str(cwd / "data"), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    """One finished tiny default run (digits, dpgan), shared by the output-contract tests."""
+    cwd = tmp_path_factory.mktemp("cli")
+    run_dir = cwd / "run"
+    res = run_script("train.py", *TINY, f"hydra.run.dir={run_dir}", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run_dir
