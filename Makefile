@@ -1,0 +1,28 @@
+# Quick start: `make demo` (default job on the embedded dataset) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-slow clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "dpgen needs Python >= 3.10"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python scripts/train.py
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache
