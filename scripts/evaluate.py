@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from dpgen.cli import user_errors
-from dpgen.core.checkpoint import atomic_write_json
+from dpgen.io import atomic_write_json
 from dpgen.core.config import register_resolvers
 from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import evaluate_generator, resolve_device

@@ -1,10 +1,8 @@
 """Atomic writes and resumable training state (model/optimizer states, RNG states, ledger)."""
 from __future__ import annotations
 
-import json
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,30 +10,7 @@ import numpy as np
 import torch
 
 from dpgen.errors import DpgenError
-
-
-def _atomic_write(path: str | os.PathLike, write) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)  # a crash leaves either the old file or the new one, never half of one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` through a temp file and an atomic rename."""
-    _atomic_write(path, lambda fh: torch.save(obj, fh))
-
-
-def atomic_write_json(obj: Any, path: str | os.PathLike) -> None:
-    _atomic_write(path, lambda fh: fh.write((json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()))
+from dpgen.io import atomic_save, atomic_write_json  # noqa: F401  (re-exported for methods)
 
 
 def rng_state() -> dict:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dpgen.errors import DpgenError
+from dpgen.io import atomic_save
 
 FORMAT = "dpgen-generator/1"
 
@@ -88,8 +89,6 @@ def save_generator(module: ReleasedGenerator, path: str | os.PathLike, meta: dic
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "meta": dict(meta or {}),
     }
-    from dpgen.core.checkpoint import atomic_save
-
     atomic_save(payload, path)
 
 

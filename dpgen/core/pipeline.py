@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dpgen.core.checkpoint import atomic_write_json
+from dpgen.io import atomic_write_json
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_generator
 from dpgen.core.methods import available, load_method
 from dpgen.core.run import Run

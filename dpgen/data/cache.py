@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from dpgen.data.base import ImageDataset, Split
+from dpgen.io import atomic_write
 
 # Bump when preprocessing changes so old caches are rebuilt instead of silently reused.
 CACHE_VERSION = 1
@@ -60,29 +59,16 @@ def write_cache(path: Path, ds: ImageDataset) -> None:
 
     Readers therefore never see a half-written cache, even if the process dies mid-write.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # Uncompressed: image arrays barely compress and loading stays a plain read.
-            np.savez(
-                f,
-                version=np.int64(CACHE_VERSION),
-                name=np.str_(ds.name),
-                train_x=ds.train.x,
-                train_y=ds.train.y,
-                test_x=ds.test.x,
-                test_y=ds.test.y,
-                classes=np.array(ds.classes, dtype=np.str_),
-                tabular=np.bool_(ds.tabular),
-                meta=np.str_(json.dumps(ds.meta)),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    # Uncompressed: image arrays barely compress and loading stays a plain read.
+    atomic_write(path, lambda f: np.savez(
+        f,
+        version=np.int64(CACHE_VERSION),
+        name=np.str_(ds.name),
+        train_x=ds.train.x,
+        train_y=ds.train.y,
+        test_x=ds.test.x,
+        test_y=ds.test.y,
+        classes=np.array(ds.classes, dtype=np.str_),
+        tabular=np.bool_(ds.tabular),
+        meta=np.str_(json.dumps(ds.meta)),
+    ))

@@ -8,15 +8,14 @@ Writes are atomic: a temporary file in the same folder is renamed over the targe
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from dpgen.io import atomic_save, atomic_write
 
 CACHE_VERSION = 1
 
@@ -43,27 +42,11 @@ def cache_path(cache_dir: str | Path, stem: str, key: str, suffix: str) -> Path:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def save_torch(path: Path, obj: Any) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_save(obj, path)
 
 
 def load_torch(path: Path) -> Any | None:
@@ -77,9 +60,7 @@ def load_torch(path: Path) -> Any | None:
 
 
 def save_arrays(path: Path, **arrays: np.ndarray) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write(path, lambda fh: np.savez(fh, **arrays))
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
