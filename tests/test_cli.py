@@ -121,3 +121,20 @@ def test_corrupt_checkpoint_is_rejected_and_left_untouched(trained_run, tmp_path
     assert res.returncode == 2 and "corrupt" in res.stderr
     after = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p in before}
     assert after == before, "nothing already written may change"
+
+
+def test_multirun_sweep_writes_one_run_per_combination(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = run_script("train.py", "-m", *TINY, "dpgan.iters=4", "eps=1,10", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for eps in ("1", "10"):
+        run = sweep / "dpgan" / "digits" / f"eps{eps}" / "seed0"
+        privacy = json.loads((run / "privacy.json").read_text())
+        assert privacy["target_epsilon"] == float(eps) and privacy["epsilon"] <= float(eps)
+        assert (run / "metrics.json").is_file() and (run / "generator.pt").is_file()
+
+
+def test_bad_sweep_value_is_caught_before_any_run(tmp_path):
+    res = run_script("train.py", "-m", *TINY, "eps=1,-1", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("error:") == 1
+    assert not (tmp_path / "outputs").exists()
