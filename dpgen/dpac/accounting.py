@@ -1,0 +1,110 @@
+"""Privacy accounting of GS-WGAN / DPAC generator iterations.
+
+Per generator iteration one discriminator k is drawn uniformly (rate q = 1/K); only its
+partition is touched (D_k's critic steps, C's real steps, the sanitised gradients). For one
+record this is a q-subsampled mechanism whose released output is the set of sanitised
+per-sample gradients: B samples × P paths (P = 1 for D only, 2 once C is on), each clipped to C
+with noise std 2Cz. Changing the record can move all of them, so the joint ℓ2 sensitivity is
+2C·sqrt(P·B) and the iteration is ONE Gaussian with noise multiplier z/sqrt(P·B); the ledger
+records it as P Gaussians z/sqrt(B) inside one sampled event (σ_eff = z/sqrt(P·B)).
+
+``paper`` mode reproduces GS-WGAN's ``privacy_analysis.py`` (autodp): B·T compositions of a
+Gaussian with multiplier z subsampled WITHOUT replacement at 1/K (Wang, Balle & Kasiviswanathan
+2019), REPLACE_ONE, Mironov's RDP→DP conversion: 9.9926 for z=1.07, K=1000, T=20000, B=32, δ=1e-5.
+It treats the B gradients of one iteration as independently subsampled and ignores the C path,
+so it is not a valid guarantee (accounting.md §4 "Warning").
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Callable
+
+import dp_accounting
+import numpy as np
+from dp_accounting import rdp as dp_rdp
+
+from dpgen.privacy import LedgerEntry
+from dpgen.privacy.ledger import _rdp_curve
+
+ENTRY = "dpac.generator"
+
+
+def iteration_entries(z: float, k: int, batch: int, iters: int, c_start: int | None, start: int = 0) -> list[LedgerEntry]:
+    """Sound ledger entries for generator iterations start..iters−1 (classifier path from ``c_start`` on)."""
+    zp = z / math.sqrt(batch)
+    q = 1.0 / k
+    d_only = max(0, min(iters, iters if c_start is None else c_start) - start)
+    both = iters - start - d_only
+    out = []
+    if d_only:
+        out.append(LedgerEntry(ENTRY, [zp], "poisson", q, count=d_only))
+    if both:
+        out.append(LedgerEntry(ENTRY, [zp, zp], "poisson", q, count=both))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _wor_unit_curve(z: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    acct = dp_rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acct.compose(dp_accounting.SampledWithoutReplacementDpEvent(k, 1, dp_accounting.GaussianDpEvent(z)))
+    return _rdp_curve(acct)
+
+
+def gswgan_paper_epsilon(z: float, k: int, compositions: int, delta: float) -> float:
+    """GS-WGAN's published analysis: ``compositions`` × sampled-w/o-replacement Gaussian(z) at 1/K, Mironov conversion."""
+    if compositions <= 0:
+        return 0.0
+    orders, rdp = _wor_unit_curve(float(z), int(k))
+    with np.errstate(over="ignore", invalid="ignore"):
+        eps = compositions * rdp - math.log(delta) / (orders - 1.0)
+    return float(np.nanmin(eps))
+
+
+def paper_epsilon_fn(batch: int) -> Callable[[list[LedgerEntry], float], float]:
+    """``ledger.paper_epsilon``: maps the sound entries back to GS-WGAN's count (B per iteration, D path only)."""
+
+    def fn(entries: list[LedgerEntry], delta: float) -> float:
+        comps: dict[tuple[float, int], int] = {}
+        for e in entries:
+            if e.name == ENTRY:  # first multiplier = the D path; the C path is not counted (official accountant)
+                key = (e.noise_multipliers[0] * math.sqrt(batch), round(1.0 / e.sampling_rate))
+                comps[key] = comps.get(key, 0) + e.count * batch
+        if not comps:
+            return 0.0
+        orders, total = None, 0.0
+        for (z, k), count in comps.items():
+            orders, rdp = _wor_unit_curve(float(z), int(k))
+            total = total + count * rdp
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(np.nanmin(total - math.log(delta) / (orders - 1.0)))
+
+    return fn
+
+
+def paper_max_iters(z: float, k: int, batch: int, delta: float, target: float, cap: int) -> int:
+    """Largest T ≤ cap whose paper ε (B·T compositions) stays ≤ target (integer bisection)."""
+    if gswgan_paper_epsilon(z, k, batch, delta) > target:
+        return 0
+    lo, hi = 1, cap
+    if gswgan_paper_epsilon(z, k, cap * batch, delta) <= target:
+        return cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if gswgan_paper_epsilon(z, k, mid * batch, delta) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def paper_noise_multiplier(k: int, batch: int, iters: int, delta: float, target: float, tol: float = 1e-3) -> float:
+    """Smallest z (to ``tol``, conservative side) whose paper ε after ``iters`` iterations is ≤ target."""
+    lo, hi = 0.3, 100.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if gswgan_paper_epsilon(mid, k, iters * batch, delta) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi

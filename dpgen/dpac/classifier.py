@@ -1,0 +1,57 @@
+"""DPAC's dual-purpose auxiliary classifier C (Alg. 1 lines 3 and 11–20; paper §4.3).
+
+At every generator iteration from t_c on, C is re-initialised (ablation: ``reinit=false`` keeps it)
+and trained *sequentially*: n_f steps on fake samples, then n_r steps on real samples of the
+currently sampled discriminator's partition (ablation: ``order=parallel`` averages the two losses
+in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²], the
+gradient penalty taken at x itself as in the official code. C is never released; its only path to
+G is the sanitised gradient (see :mod:`dpgen.dpac.sanitizer`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.func import grad
+
+from dpgen.dpac.ensemble import NetStack, functional_step
+from dpgen.dpac.nets import Params, clf_forward
+
+Batch = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+ORDERS = ("sequential", "parallel")
+
+
+def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
+    """−E[C(x, y)] + λ·GP(x) (WGAN-style class score, official ClassifierDCGAN)."""
+    gx = grad(lambda z: clf_forward(p, u, z, y).sum())(x)
+    gp = ((gx.flatten(1).norm(dim=1) - 1) ** 2).mean()
+    return -clf_forward(p, u, x, y).mean() + lam * gp
+
+
+def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_real: int, order: str, lam: float,
+                     lr: float, betas: tuple[float, float]) -> list[str]:
+    """Train C in place; returns the sequence of phases run ("fake"/"real"/"both"), for tests and logs."""
+    one = torch.zeros(1, dtype=torch.long, device=clf.t.device)
+    phases: list[str] = []
+
+    def step(loss: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
+        functional_step(clf, loss, one, *(x.unsqueeze(0) for x in xs), lr=lr, betas=betas)
+
+    single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam)  # noqa: E731
+    if order == "sequential":
+        for _ in range(n_fake):
+            step(single, *fake())
+            phases.append("fake")
+        for _ in range(n_real):
+            step(single, *real())
+            phases.append("real")
+    elif order == "parallel":
+        mixed = lambda p, u, xf, yf, xr, yr: 0.5 * (single(p, u, xf, yf) + single(p, u, xr, yr))  # noqa: E731
+        for _ in range(max(n_fake, n_real)):
+            xf, yf = fake()
+            xr, yr = real()
+            step(mixed, xf, yf, xr, yr)
+            phases.append("both")
+    else:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    return phases

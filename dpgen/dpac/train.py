@@ -1,0 +1,275 @@
+"""GS-WGAN (Chen et al. 2020) and DP-GAN-DPAC (Chen et al. CVPR'23, Alg. 1) training loop.
+
+Privacy structure. The training set is split into K disjoint partitions, one per discriminator.
+The discriminators (and DPAC's classifier C) are trained WITHOUT DP — first pre-trained on their
+own partitions, then updated whenever they are sampled — and are never released: they are the
+"teachers". What leaves them is only ∇_{G(z)} L_G, which the :class:`Sanitizer` clips per sample
+and noises before it reaches G (paper eq. 9). The DP guarantee therefore covers exactly the
+sequence of sanitised gradients (and G, its post-processing): each generator iteration is one
+event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.dpac.accounting`).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from functools import partial
+
+import torch
+from omegaconf import DictConfig
+
+from dpgen.core.run import Run
+from dpgen.data.base import ImageDataset
+from dpgen.data.partition import partition_indices
+from dpgen.data.torch_utils import to_float
+from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
+                                   paper_noise_multiplier)
+from dpgen.dpac.classifier import ORDERS, train_classifier
+from dpgen.dpac.ensemble import NetStack, batched_forward, critic_step
+from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init, sn_init
+from dpgen.dpac.sanitizer import Sanitizer
+from dpgen.errors import DpgenError
+from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
+
+log = logging.getLogger("dpgen")
+
+PRETRAIN_NOTE = (
+    "dpac/gswgan: the K discriminators (and the auxiliary classifier C) are trained without DP on their "
+    "own disjoint partitions (pre-training and during training) and are never released; only the "
+    "per-sample clipped and noised gradients w.r.t. the generated images (the sanitiser) reach the "
+    "generator, so the accounting covers exactly those releases (GS-WGAN, Chen et al. 2020, Sec. 3)."
+)
+SOUND_NOTE = (
+    "sound: each generator iteration is one event sampled at rate 1/K (the uniformly drawn partition) "
+    "releasing B per-sample gradients per path (D, and C once active), each clipped to C with noise std "
+    "2*C*z; joint L2 sensitivity 2C*sqrt(P*B), so noise multiplier z/sqrt(B) per path (sigma_eff z/sqrt(P*B)). "
+    "The partition draw is modelled as Poisson subsampling at 1/K (add/remove-one)."
+)
+PAPER_NOTE = (
+    "paper: GS-WGAN's privacy_analysis.py (autodp) composes B*T subsampled Gaussians with multiplier z, "
+    "sampled without replacement at 1/K (REPLACE_ONE, Mironov RDP->DP conversion): 9.99 for z=1.07, K=1000, "
+    "T=20000, B=32, delta=1e-5. It treats the B gradients of one iteration as independently subsampled "
+    "although all come from the same sampled discriminator, and DPAC's official accountant ignores the C "
+    "path; the sound epsilon (sound_epsilon) is therefore far larger. Not a valid DP guarantee."
+)
+
+
+def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
+    """One-line DpgenErrors for bad user input."""
+    if not 1 <= int(hp.num_discriminators) <= n:
+        raise DpgenError(f"dpac.num_discriminators={hp.num_discriminators} must be between 1 and N={n}")
+    if not 0.0 <= float(hp.beta) <= 1.0:
+        raise DpgenError(f"dpac.beta={hp.beta} must be in [0, 1]")
+    if hp.classifier.order not in ORDERS:
+        raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+    for key in ("iters", "batch_size", "critic_iters"):
+        if int(hp[key]) < 1:
+            raise DpgenError(f"dpac.{key} must be >= 1, got {hp[key]}")
+    if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
+        raise DpgenError(f"dpac.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+    if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
+        raise DpgenError(f"dpac/gswgan generate images up to 32x32; this dataset has shape {shape}")
+
+
+def classifier_start(hp: DictConfig) -> int | None:
+    """t_c, or None when C is off (GS-WGAN baseline: β = 1 or classifier.enabled = false)."""
+    if not bool(hp.classifier.enabled) or float(hp.beta) >= 1.0:
+        return None
+    return int(hp.classifier.start)
+
+
+def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None) -> float:
+    """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε."""
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    b, t = int(hp.batch_size), int(hp.iters)
+    if ledger.accounting == "paper":
+        return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon)
+    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
+                                      lambda z: iteration_entries(z, k, b, t, c_start),
+                                      base=ledger.entries, accountant=ledger.accountant)
+
+
+class Partitions:
+    """Uniform batches (with replacement) from chosen partitions, vectorised over members."""
+
+    def __init__(self, parts: list, device: torch.device) -> None:
+        self.sizes = torch.tensor([len(p) for p in parts], device=device)
+        mat = torch.zeros(len(parts), int(self.sizes.max()), dtype=torch.long)
+        for i, p in enumerate(parts):
+            mat[i, :len(p)] = torch.as_tensor(p)
+        self.mat = mat.to(device)
+
+    def sample(self, members: torch.Tensor, b: int, g: torch.Generator) -> torch.Tensor:
+        pos = (torch.rand(len(members), b, generator=g, device=self.mat.device) * self.sizes[members, None]).long()
+        return self.mat[members[:, None], pos]
+
+
+@torch.no_grad()
+def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float) -> None:
+    for pe, p in zip(ema.parameters(), net.parameters()):
+        pe.lerp_(p, 1.0 - decay)
+    for be, b in zip(ema.buffers(), net.buffers()):
+        be.copy_(b)
+
+
+def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor, make_gen, hp: DictConfig,
+             g: torch.Generator, num_classes: int) -> None:
+    """Non-private warm start of every discriminator on its own partition (official pretrain.sh).
+
+    Chunks of ``pretrain_chunk`` discriminators train at once (vmap); each chunk plays against one
+    throw-away warm-up generator (the authors used one per discriminator), never released.
+    """
+    steps, chunk, b = int(hp.pretrain_iters), int(hp.pretrain_chunk), int(hp.batch_size)
+    dev = x_all.device
+    for lo in range(0, len(disc), chunk):
+        members = torch.arange(lo, min(lo + chunk, len(disc)), device=dev)
+        gw = make_gen().to(dev)
+        opt = torch.optim.Adam(gw.parameters(), lr=float(hp.lr), betas=tuple(hp.betas))
+        m = len(members)
+        for s in range(steps):
+            idx = parts.sample(members, b, g)
+            xr, yr = x_all[idx], y_all[idx]
+            # one fake batch shared by the chunk: the warm-up generator's cost does not grow with M
+            yf = torch.randint(0, num_classes, (b,), generator=g, device=dev)
+            with torch.no_grad():
+                xf = gw(gw.sample_z(b, g, dev), yf)
+            alpha = torch.rand(m, b, generator=g, device=dev)
+            critic_step(disc, disc_forward, members, xr, yr, xf.expand(m, *xf.shape), yf.expand(m, b), alpha,
+                        float(hp.gp_weight), float(hp.drift), float(hp.lr), tuple(hp.betas))
+            if (s + 1) % int(hp.critic_iters) == 0:
+                y = torch.randint(0, num_classes, (b,), generator=g, device=dev)
+                xf = gw(gw.sample_z(b, g, dev), y)
+                opt.zero_grad(set_to_none=True)
+                out = batched_forward(disc, disc_forward, members, xf.expand(m, *xf.shape), y.expand(m, b))
+                (-out.mean()).backward()
+                opt.step()
+        log.info("pre-trained discriminators %d..%d for %d steps", lo, lo + m - 1, steps)
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
+    if data.tabular:
+        raise DpgenError("dpac/gswgan train image GANs; dataset credit is tabular (use method=gpate)")
+    dev = run.device
+    x_all = to_float(data.train.x).to(dev)
+    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    n, ncls, shape = len(x_all), data.num_classes, list(data.shape)
+    check_hparams(hp, n, tuple(shape))
+    K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
+    c_start = classifier_start(hp)
+    betas = tuple(hp.betas)
+    gens = {"init": run.torch_generator(11), "data": run.torch_generator(12), "noise": run.torch_generator(13),
+            "gen": run.torch_generator(14)}
+    parts = Partitions(partition_indices(n, K, run.seed), dev)
+    make_gen = partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width))
+    g_net = make_gen().to(dev)
+    g_ema = copy.deepcopy(g_net)
+    opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr), betas=betas)
+    disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, K, gens["init"], dev)
+    clf_init_fn = partial(clf_init, ncls, shape, int(hp.d_width))
+    clf = NetStack(clf_init_fn, sn_init, 1, gens["init"], dev)
+
+    state = run.resume_state["state"] if run.resume_state else None
+    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start)
+    if ledger.accounting == "paper":
+        ledger.paper_epsilon = paper_epsilon_fn(B)
+    for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
+        if note not in ledger.notes:  # a resumed ledger already carries them
+            ledger.notes.append(note)
+    if state:
+        g_net.load_state_dict(state["g"])
+        g_ema.load_state_dict(state["g_ema"])
+        opt_g.load_state_dict(state["opt_g"])
+        disc.load_state_dict(state["disc"])
+        clf.load_state_dict(state["clf"])
+        run.restore_generators(gens)
+    else:
+        pretrain(disc, parts, x_all, y_all, make_gen, hp, gens["data"], ncls)
+    san_d = Sanitizer(float(hp.clip), z_noise, gens["noise"])
+    san_c = Sanitizer(float(hp.clip), z_noise, gens["noise"])
+    zp = z_noise / math.sqrt(B)
+    guards: dict[int, object] = {}
+    paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
+                 if ledger.accounting == "paper" else T)
+    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s accounting", K, B, T, z_noise, zp,
+             c_start, ledger.accounting)
+
+    def snapshot() -> dict:
+        return {"g": g_net.state_dict(), "g_ema": g_ema.state_dict(), "opt_g": opt_g.state_dict(),
+                "disc": disc.state_dict(), "clf": clf.state_dict(), "noise_multiplier": z_noise}
+
+    def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if y is None:
+            y = torch.randint(0, ncls, (m,), generator=gens["gen"], device=dev)
+        with torch.no_grad():
+            return g_net(g_net.sample_z(m, gens["gen"], dev), y), y
+
+    run.start(T, desc=f"{'dpac' if c_start is not None else 'gswgan'} eps<={ledger.target_epsilon:g}")
+    it = run.start_step
+    while it < T:
+        with_c = c_start is not None and it >= c_start
+        paths = 2 if with_c else 1
+        if ledger.accounting == "sound":
+            if paths not in guards:
+                guards[paths] = ledger.budget_guard(ENTRY, [zp] * paths, "poisson", 1.0 / K)
+            if not guards[paths].allows():
+                log.info("privacy budget reached after %d generator iterations", it)
+                break
+        elif it >= paper_cap:
+            log.info("paper-analysis budget reached after %d generator iterations", it)
+            break
+        k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
+        for _ in range(int(hp.critic_iters)):
+            idx = parts.sample(k, B, gens["data"])
+            xr, yr = x_all[idx], y_all[idx]
+            xf, _ = fake(B, yr[0])
+            alpha = torch.rand(1, B, generator=gens["data"], device=dev)
+            loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
+                                 float(hp.drift), float(hp.lr), betas)
+        if with_c:
+            if bool(hp.classifier.reinit) or it == c_start:
+                clf.reset(clf_init_fn, sn_init, gens["init"])
+
+            def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
+                i = parts.sample(k, B, gens["data"])[0]
+                return x_all[i], y_all[i]
+
+            cb = int(hp.classifier.fake_batch)
+            fake_batch = lambda: fake(cb, torch.arange(cb, device=dev) % ncls)  # noqa: E731  balanced labels
+            train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                             hp.classifier.order, float(hp.gp_weight), float(hp.lr), betas)
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san_d, san_c, float(hp.beta),
+                                B, ncls, gens["gen"])
+        if ledger.accounting == "sound":
+            guards[paths].step()  # records one sampled event with `paths` Gaussians z/sqrt(B)
+        else:
+            with ledger.sampled_event(ENTRY, "poisson", 1.0 / K) as ev:
+                for _ in range(paths):
+                    ev.add_gaussian(zp)
+        ema_update(g_ema, g_net, float(hp.ema))
+        it += 1
+        run.step_done(it, {"loss_d": float(loss_d.mean()), "loss_g": loss_g}, snapshot, gens)
+    run.finish(it, snapshot(), gens)
+    return g_ema.eval()
+
+
+def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None, k: int,
+                   san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
+                   g: torch.Generator) -> float:
+    """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C(G(z), y) through the sanitisers.
+
+    The per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x_i; it clips, adds noise and
+    divides by B. D_k and C are detached: only the sanitised image gradients reach G.
+    """
+    dev = next(g_net.parameters()).device
+    y = torch.randint(0, ncls, (b,), generator=g, device=dev)
+    x = g_net(g_net.sample_z(b, g, dev), y)
+    p, u = disc.member(k)
+    loss = -beta * disc_forward(p, u, san_d(x), y).sum()
+    if clf is not None:
+        pc, uc = clf.member(0)
+        loss = loss - (1.0 - beta) * clf_forward(pc, uc, san_c(x), y).sum()
+    opt_g.zero_grad(set_to_none=True)
+    loss.backward()
+    opt_g.step()
+    return float(loss.detach()) / b

@@ -1,0 +1,90 @@
+"""Batched discriminator ensemble vs a per-member loop; classifier re-initialisation and fake-then-real order."""
+from __future__ import annotations
+
+import importlib
+from functools import partial
+
+import torch
+
+from dpgen.dpac.classifier import train_classifier
+from dpgen.dpac.ensemble import NetStack, critic_step
+from dpgen.dpac.nets import clf_init, disc_forward, disc_init, sn_init
+
+SHAPE = [1, 28, 28]
+
+
+def _stack(k: int) -> NetStack:
+    return NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, k, torch.Generator().manual_seed(0), torch.device("cpu"))
+
+
+def test_vmapped_critic_steps_match_a_per_discriminator_loop():
+    m, b = 3, 5
+    g = torch.Generator().manual_seed(1)
+    steps = [(torch.rand(m, b, *SHAPE, generator=g), torch.randint(0, 10, (m, b), generator=g),
+              torch.rand(m, b, *SHAPE, generator=g), torch.randint(0, 10, (m, b), generator=g),
+              torch.rand(m, b, generator=g)) for _ in range(3)]
+    batched, looped = _stack(m), _stack(m)
+    for xr, yr, xf, yf, al in steps:
+        critic_step(batched, disc_forward, torch.arange(m), xr, yr, xf, yf, al, 10.0, 1e-3, 1e-2, (0.5, 0.9))
+        for i in range(m):  # one discriminator at a time, as the authors' one-process-per-D setup
+            s = slice(i, i + 1)
+            critic_step(looped, disc_forward, torch.tensor([i]), xr[s], yr[s], xf[s], yf[s], al[s], 10.0, 1e-3,
+                        1e-2, (0.5, 0.9))
+    moved = False
+    for n in batched.params:
+        torch.testing.assert_close(batched.params[n], looped.params[n], rtol=1e-4, atol=1e-5)
+        moved |= not torch.allclose(batched.params[n], _stack(m).params[n])
+    assert moved, "the steps must change the parameters"
+    assert batched.t.tolist() == looped.t.tolist() == [3, 3, 3]
+
+
+def test_selecting_one_member_leaves_the_others_untouched():
+    st, ref = _stack(4), _stack(4)
+    x = torch.rand(1, 5, *SHAPE)
+    y = torch.randint(0, 10, (1, 5))
+    critic_step(st, disc_forward, torch.tensor([2]), x, y, x.flip(0) * 0.5, y, torch.rand(1, 5), 10.0, 1e-3, 1e-2,
+                (0.5, 0.9))
+    for n in st.params:
+        torch.testing.assert_close(st.params[n][[0, 1, 3]], ref.params[n][[0, 1, 3]])
+        assert not torch.equal(st.params[n][2], ref.params[n][2]) or n == "lin.b" or n.endswith(".b")
+
+
+def _clf() -> NetStack:
+    return NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, torch.Generator().manual_seed(0), torch.device("cpu"))
+
+
+def test_classifier_trains_on_fake_then_real():
+    calls: list[str] = []
+
+    def batch(kind):
+        def fn():
+            calls.append(kind)
+            return torch.rand(6, *SHAPE), torch.arange(6) % 10
+        return fn
+
+    phases = train_classifier(_clf(), batch("fake"), batch("real"), 3, 2, "sequential", 10.0, 1e-3, (0.5, 0.9))
+    assert phases == calls == ["fake"] * 3 + ["real"] * 2
+    calls.clear()
+    phases = train_classifier(_clf(), batch("fake"), batch("real"), 3, 2, "parallel", 10.0, 1e-3, (0.5, 0.9))
+    assert phases == ["both"] * 3 and calls == ["fake", "real"] * 3
+
+
+def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
+    from test_dpac_sanitizer import run_tiny
+
+    tr = importlib.import_module("dpgen.dpac.train")
+    seen: list[int] = []
+    orig = tr.train_classifier
+
+    def spy(clf, *a, **k):
+        seen.append(int(clf.t[0]))  # Adam steps taken so far by C when its training starts
+        return orig(clf, *a, **k)
+
+    monkeypatch.setattr(tr, "train_classifier", spy)
+    run_tiny(tmp_path, iters=5, classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
+    return seen
+
+
+def test_classifier_is_reinitialised_every_iteration_from_t_c(tmp_path, monkeypatch):
+    assert _count_classifier_steps(tmp_path / "a", monkeypatch, True) == [0, 0, 0], "fresh C at iterations 2, 3, 4"
+    assert _count_classifier_steps(tmp_path / "b", monkeypatch, False) == [0, 3, 6], "reinit=false keeps training C"
