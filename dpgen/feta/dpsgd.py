@@ -1,0 +1,59 @@
+"""Stage II of DP-FETA / DPDM: DP-SGD with noise multiplicity and gradient accumulation (DP-FETA Eq. 9).
+
+One logical step: a Poisson batch (rate q, expected size B*) is processed in micro-batches; each
+record is replicated K times with independent diffusion noise, its per-record gradient is the MEAN
+of the K per-draw gradients (DPDM's noise multiplicity: averaging happens BEFORE clipping, so one
+record still contributes one vector of norm ≤ C and the privacy cost is unchanged), it is clipped
+to C, the clipped vectors are summed over all micro-batches, Gaussian noise N(0, σ²C²I) is added
+ONCE, and the result is divided by the expected batch size B* (Eq. 9).
+Per-sample gradients come from opacus' GradSampleModule hooks (all UNet layers are supported).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from opacus import GradSampleModule
+
+
+def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                     x: torch.Tensor, y: torch.Tensor, multiplicity: int, clip: float,
+                     micro_batch: int) -> tuple[list[torch.Tensor], float]:
+    """Σ_i clip(mean_k ∇ℓ(x_i, draw k), C) over the batch, in micro-batches of ``micro_batch`` records.
+
+    ``loss_fn(x_rep, y_rep)`` returns one loss per row of the K-fold replicated batch
+    (``repeat_interleave``: rows i*K..i*K+K−1 belong to record i). Returns the per-parameter sums and
+    the mean loss (for logging).
+    """
+    params = [p for p in gsm.parameters() if p.requires_grad]
+    acc = [torch.zeros_like(p) for p in params]
+    k = int(multiplicity)
+    loss_total, rows = 0.0, 0
+    for s in range(0, x.shape[0], max(1, int(micro_batch))):
+        xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
+        m = xb.shape[0]
+        losses = loss_fn(xb.repeat_interleave(k, 0), yb.repeat_interleave(k, 0))
+        # 1/K: the per-row gradient sampled by opacus is then (1/K)∇ℓ_ik, and summing over k averages
+        with warnings.catch_warnings():  # opacus' full backward hooks warn when the input needs no grad
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            (losses.sum() / k).backward()
+        per_sample = [p.grad_sample.reshape(m, k, *p.shape).sum(1) for p in params]
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample))
+        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+        for a, g in zip(acc, per_sample):
+            a.add_(torch.einsum("i,i...->...", factor, g))
+        for p in params:
+            p.grad_sample = None
+            p.grad = None
+        loss_total += float(losses.detach().sum())
+        rows += losses.shape[0]
+    return acc, loss_total / max(rows, 1)
+
+
+def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,
+                    expected_batch: float, generator: torch.Generator) -> None:
+    """p.grad = (Σ clipped + N(0, σ²C²I)) / B* (Eq. 9; the noise is the only randomness added)."""
+    for p, s in zip(params, sums):
+        noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype) * (sigma * clip)
+        p.grad = (s + noise) / expected_batch

@@ -1,0 +1,171 @@
+"""DP-FETA training (Alg. 3): Stage I central images + warm-up, Stage II DP-SGD fine-tuning.
+
+``central=none`` skips Stage I: that is the DPDM baseline (Dockhorn et al. 2023).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from opacus import GradSampleModule
+
+from dpgen.core.run import Run
+from dpgen.data.base import ImageDataset
+from dpgen.data.torch_utils import to_float
+from dpgen.errors import DpgenError
+from dpgen.feta.augment import AugmentBag
+from dpgen.feta.central import poisson_batch, query_central
+from dpgen.feta.dpsgd import clipped_grad_sum, set_noisy_grads
+from dpgen.feta.generator import FetaGenerator
+from dpgen.nets.edm import edm_loss
+from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
+
+log = logging.getLogger("dpgen")
+ENTRY = "feta.dpsgd"
+
+
+def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> float:
+    """σ_f of DP-SGD: given, or calibrated so that central queries (already in the ledger) + all
+    ``steps`` DP-SGD steps meet the target ε exactly (Sec. 3.3, steps (1)–(3))."""
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
+                                      lambda z: [LedgerEntry(ENTRY, [z], "poisson", q, count=steps)],
+                                      base=ledger.entries, accountant=ledger.accountant)
+
+
+@torch.no_grad()
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    for pe, pm in zip(ema.parameters(), model.parameters()):
+        pe.lerp_(pm, 1.0 - decay)
+
+
+def drop_labels(y: torch.Tensor, p: float, null: int, generator: torch.Generator) -> torch.Tensor:
+    """Label dropout for classifier-free guidance: each label becomes the null class with probability p."""
+    if p <= 0:
+        return y
+    mask = torch.rand(y.shape, generator=generator, device=y.device) < p
+    return torch.where(mask, torch.full_like(y, null), y)
+
+
+def unet_kwargs(hp: DictConfig) -> dict:
+    """UNet settings as JSON-friendly values; ch_mult / attn_res may be lists or comma-separated strings."""
+    unet = OmegaConf.to_container(hp.unet, resolve=True)
+    for key in ("ch_mult", "attn_res"):
+        v = unet.get(key, [])
+        try:
+            unet[key] = [int(t) for t in (str(v).split(",") if isinstance(v, (str, int)) else v) if str(t).strip()]
+        except ValueError:
+            raise DpgenError(f"feta.unet.{key} must be a list of integers, got {v!r}") from None
+    return unet
+
+
+def _check(hp: DictConfig, n: int) -> None:
+    if str(hp.central) not in ("mean", "mode", "none"):
+        raise DpgenError(f"feta.central must be mean, mode or none, got {hp.central!r}")
+    if not 0 < int(hp.batch_size) <= n:
+        raise DpgenError(f"feta.batch_size={hp.batch_size} must be between 1 and N={n}")
+    for key in ("iters", "multiplicity", "micro_batch", "warmup_batch"):
+        if int(hp[key]) < (0 if key == "iters" else 1):
+            raise DpgenError(f"feta.{key} must be positive, got {hp[key]}")
+    if float(hp.clip) <= 0:
+        raise DpgenError(f"feta.clip must be > 0, got {hp.clip}")
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> FetaGenerator:
+    if data.tabular:
+        raise DpgenError("feta/dpdm train image diffusion models; dataset credit is tabular")
+    dev = run.device
+    x_all = to_float(data.train.x).to(dev)
+    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    n, k, shape = len(x_all), data.num_classes, list(data.shape)
+    _check(hp, n)
+    central = str(hp.central)
+    unet = unet_kwargs(hp)
+    sampler = OmegaConf.to_container(hp.sampler, resolve=True)
+    model = FetaGenerator(k, shape, unet, sampler).to(dev)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    log.info("feta: UNet with %d parameters, central=%s", sum(p.numel() for p in model.parameters()), central)
+    gens = {"central": run.torch_generator(1), "warm": run.torch_generator(2), "sample": run.torch_generator(3),
+            "loss": run.torch_generator(4), "noise": run.torch_generator(5),
+            "aug": torch.Generator().manual_seed(run.seed * 1_000_003 + 6)}  # augmentation runs on CPU
+    state = run.resume_state["state"] if run.resume_state else None
+    warm_iters = int(hp.warmup_iters) if central != "none" else 0
+    total = warm_iters + int(hp.iters)
+
+    # ---- Stage I: central images (Alg. 1/2), recorded in the ledger -------------------------------
+    if state is not None:
+        cx, cy = state["central_x"], state["central_y"]
+        cx, cy = (cx.to(dev), cy.to(dev)) if cx is not None else (None, None)
+    elif central != "none":
+        cx, cy = query_central(central, x_all, y_all, k, num_images=int(hp.num_central), q=int(hp.central_batch) / n,
+                               sigma=float(hp.central_sigma), ledger=ledger, generator=gens["central"],
+                               clip=hp.central_clip, bins=hp.bins)
+        log.info("feta: %d %s images queried, epsilon so far %.4f", len(cx), central, ledger.epsilon())
+    else:
+        cx = cy = None
+
+    q = int(hp.batch_size) / n
+    sigma = float(state["sigma"]) if state else plan_noise(hp, ledger, q, int(hp.iters))
+    opt_w = torch.optim.Adam(model.parameters(), lr=float(hp.warmup_lr))
+    opt = torch.optim.Adam(model.parameters(), lr=float(hp.lr))
+    if state:
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        opt_w.load_state_dict(state["opt_w"])
+        opt.load_state_dict(state["opt"])
+        run.restore_generators(gens)
+
+    def snapshot() -> dict:
+        return {"model": model.state_dict(), "ema": ema.state_dict(), "opt_w": opt_w.state_dict(),
+                "opt": opt.state_dict(), "sigma": sigma,
+                "central_x": None if cx is None else cx.cpu(), "central_y": None if cy is None else cy.cpu()}
+
+    run.start(total, desc=f"{'dpdm' if central == 'none' else 'feta'} eps<={ledger.target_epsilon:g}")
+    step = run.start_step
+    drop, null, ema_decay = float(hp.label_dropout), k, float(hp.ema)
+
+    # ---- Stage I: warm-up on augmented central images (Sec. 3.1.3, Eq. 8); post-processing ----------
+    bag = AugmentBag(int(hp.aug_ops), int(hp.aug_magnitude))
+    while step < warm_iters:
+        idx = torch.randint(len(cx), (int(hp.warmup_batch),), generator=gens["warm"], device=dev)
+        xb = bag(cx[idx].cpu(), gens["aug"]).to(dev) * 2 - 1
+        yb = drop_labels(cy[idx], drop, null, gens["warm"])
+        loss = edm_loss(model.net, xb, yb, gens["warm"]).mean()
+        opt_w.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_w.step()
+        ema_update(ema, model, ema_decay)
+        step += 1
+        run.step_done(step, {"loss_warm": loss.item()}, snapshot, gens)
+
+    # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
+    gsm = GradSampleModule(model.net, loss_reduction="sum")
+    params = [p for p in gsm.parameters() if p.requires_grad]
+    guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
+    log.info("feta: DP-SGD q=%.5f sigma=%.4f clip=%g K=%d, %d steps allowed (planned %d)", q, sigma, hp.clip,
+             int(hp.multiplicity), guard.remaining, int(hp.iters))
+
+    def loss_fn(xr: torch.Tensor, yr: torch.Tensor) -> torch.Tensor:
+        return edm_loss(gsm, xr, yr, gens["loss"])
+
+    while step < total:
+        if not guard.allows():
+            log.info("privacy budget reached after %d DP-SGD steps", step - warm_iters)
+            break
+        idx = poisson_batch(n, q, gens["sample"], dev)
+        xb = x_all[idx] * 2 - 1
+        yb = drop_labels(y_all[idx], drop, null, gens["loss"])
+        sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), int(hp.micro_batch))
+        set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        guard.step()
+        ema_update(ema, model, ema_decay)
+        step += 1
+        run.step_done(step, {"loss": loss, "batch": float(len(idx))}, snapshot, gens)
+    gsm.remove_hooks()
+    run.finish(step, snapshot(), gens)
+    return ema.eval()
