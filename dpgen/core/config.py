@@ -14,16 +14,21 @@ from omegaconf import OmegaConf
 from dpgen.errors import DpgenError
 
 
+def _box(value):
+    """Resolvers may return lists/dicts; OmegaConf.resolve accepts them only as containers."""
+    return OmegaConf.create(value) if isinstance(value, (list, tuple, dict)) else value
+
+
 def _by_profile(paper, quick, *, _root_):
-    return paper if _root_.profile == "paper" else quick
+    return _box(paper if _root_.profile == "paper" else quick)
 
 
 def _by_dataset(table, *, _root_):
     name = _root_.dataset.name
     if name in table:
-        return table[name]
+        return _box(table[name])
     if "default" in table:
-        return table["default"]
+        return _box(table["default"])
     raise DpgenError(f"no value for dataset {name!r} in {dict(table)}; add it to the method config")
 
 

@@ -34,6 +34,9 @@ class ReleasedGenerator(nn.Module):
     :meth:`generate`, which returns samples in [0, 1] for the given labels.
     """
 
+    #: images live in [0, 1]; a tabular generator returning raw features sets this False
+    clamp_output: bool = True
+
     def __init__(self, **init_kwargs: Any) -> None:
         super().__init__()
         self.init_kwargs = dict(init_kwargs)
@@ -57,7 +60,7 @@ class ReleasedGenerator(nn.Module):
         seed: int | None = None,
         batch_size: int = 1000,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw ``n`` samples (CPU float in [0, 1]) and their labels (balanced unless given)."""
+        """Draw ``n`` samples (CPU float, in [0, 1] for images) and their labels (balanced unless given)."""
         labels = balanced_labels(n, self.num_classes) if labels is None else torch.as_tensor(labels).long()
         if labels.shape != (n,):
             raise DpgenError(f"expected {n} labels, got shape {tuple(labels.shape)}")
@@ -66,10 +69,10 @@ class ReleasedGenerator(nn.Module):
         gen.manual_seed(0 if seed is None else int(seed))
         was_training = self.training
         self.eval()
-        chunks = [
-            self.generate(labels[i : i + batch_size].to(device), generator=gen).float().clamp(0, 1).cpu()
-            for i in range(0, n, batch_size)
-        ]
+        chunks = []
+        for i in range(0, n, batch_size):
+            x = self.generate(labels[i : i + batch_size].to(device), generator=gen).float()
+            chunks.append((x.clamp(0, 1) if self.clamp_output else x).cpu())
         self.train(was_training)
         return torch.cat(chunks) if chunks else torch.empty(0, *self.sample_shape), labels
 

@@ -118,6 +118,8 @@ def run_training(cfg: DictConfig, run_dir: Path) -> dict:
 
     metrics = evaluate_generator(gen, data, cfg, device)
     metrics["train_seconds"] = round(train_seconds, 1)
+    if run.extra_metrics:
+        metrics["training"] = _finite(dict(run.extra_metrics))
     atomic_write_json(metrics, run_dir / "metrics.json")
     return metrics
 

@@ -56,6 +56,9 @@ class Run:
         self._eps_cache: tuple[int, float] | None = None
         self._t0 = time.time()
         self.resume_state: dict | None = None
+        #: training statistics a method wants in metrics.json (under "training"); must be
+        #: computed from released/DP quantities or be clearly diagnostic, like the evaluator's
+        self.extra_metrics: dict[str, Any] = {}
         if resume:
             self._load_resume_state()
 
