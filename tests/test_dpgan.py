@@ -90,7 +90,7 @@ def test_training_records_one_poisson_entry_per_step_and_meets_target(tmp_path):
     split = Split(rng.integers(0, 256, (400, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 400).astype(np.int64))
     data = ImageDataset("toy", split, split, [str(i) for i in range(10)])
     hp = OmegaConf.create({"iters": 5, "n_critic": 2, "batch_size": 40, "clip": 1.0, "noise_multiplier": None,
-                           "lr_d": 2e-4, "lr_g": 2e-4, "betas": [0.5, 0.999], "z_dim": 8, "g_width": 8, "d_width": 4})
+                           "lr_d": 2e-4, "lr_g": 2e-4, "mode_seeking": 1.0, "betas": [0.5, 0.999], "z_dim": 8, "g_width": 8, "d_width": 4})
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=4.0)
     run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
     gen = train(hp, data, ledger, run)

@@ -53,6 +53,26 @@ def discriminator_step(d_net: GradSampleModule, opt_d: DPOptimizer, x_real: torc
     return loss.detach()
 
 
+def generator_loss(g_net: CondGenerator, d_net: torch.nn.Module, batch: int, k: int, ms_weight: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Non-saturating G loss plus the mode-seeking term of Mao et al. 2019 (MSGAN, Eq. 3).
+
+    Two latent codes per label: the term rewards |G(z1,y) − G(z2,y)| / |z1 − z2|, which keeps G
+    from ignoring z (per-class mode collapse). It involves G only, so it is free post-processing.
+    """
+    dev = next(g_net.parameters()).device
+    half = batch // 2
+    y = torch.randint(0, k, (half,), generator=generator, device=dev).repeat(2)
+    z = torch.randn(2 * half, g_net.z_dim, generator=generator, device=dev)
+    x = g_net(z, y)
+    loss = F.binary_cross_entropy_with_logits(d_net(x, y), torch.ones(2 * half, device=dev))
+    if ms_weight > 0:
+        dx = (x[:half] - x[half:]).abs().flatten(1).mean(1)
+        dz = (z[:half] - z[half:]).abs().mean(1)
+        loss = loss + ms_weight / ((dx / dz).mean() + 1e-5)
+    return loss
+
+
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> CondGenerator:
     if data.tabular:
         raise DpgenError("dpgan trains image GANs; dataset credit is tabular (use method=gpate)")
@@ -110,8 +130,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             # Generator step: gradients reach G only through the DP-trained D (post-processing).
             d_net.disable_hooks()
             opt_g.zero_grad(set_to_none=True)
-            xf, yf = fake(batch)
-            loss_g = F.binary_cross_entropy_with_logits(d_net(xf, yf), torch.ones(batch, device=dev))
+            loss_g = generator_loss(g_net, d_net, batch, k, float(hp.mode_seeking), gens["fake"])
             loss_g.backward()
             opt_g.step()
             d_net.enable_hooks()
