@@ -24,6 +24,17 @@ def run_script(script: str, *args: str, cwd: Path, timeout: int = 600) -> subpro
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: two OpenMP threads contending with other jobs on 2 cores are several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     """One finished tiny default run (digits, dpgan), shared by the output-contract tests."""

@@ -21,13 +21,7 @@ from dpgen.eval import inception as inc
 from dpgen.eval.config import EvalConfig
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread (2 contending OpenMP threads are several times slower on a shared 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

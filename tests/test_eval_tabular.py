@@ -11,12 +11,7 @@ from dpgen.data.base import ImageDataset, Split
 from dpgen.eval import evaluate
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _blobs(n: int, seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

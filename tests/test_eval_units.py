@@ -20,12 +20,7 @@ from dpgen.eval.classifiers import (
 from dpgen.eval.g2r import real_classifier
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("shape,flat", [((1, 28, 28), 1152), ((3, 32, 32), 2048), ((3, 64, 64), 128 * 12 * 12)])

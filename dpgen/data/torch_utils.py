@@ -20,3 +20,15 @@ def to_uint8(x_float01: torch.Tensor | np.ndarray) -> np.ndarray:
     """Float array/tensor in [0, 1] -> uint8 numpy array (clamped, rounded to nearest)."""
     t = torch.as_tensor(x_float01).detach().to("cpu", torch.float32)
     return t.clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).numpy()
+
+
+def image_train_tensors(data, device: torch.device | str, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training split as float images in [0, 1] and int64 labels on ``device``.
+
+    For methods that train on images only: a tabular dataset is a one-line user error.
+    """
+    from dpgen.errors import DpgenError
+
+    if data.tabular:
+        raise DpgenError(f"{method} trains on images; dataset {data.name} is tabular (use method=gpate)")
+    return to_float(data.train.x).to(device), torch.as_tensor(data.train.y, dtype=torch.long, device=device)

@@ -11,7 +11,7 @@ from opacus.optimizers import DPOptimizer
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.data.torch_utils import to_float
+from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator, ProjectionDiscriminator
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -74,11 +74,8 @@ def generator_loss(g_net: CondGenerator, d_net: torch.nn.Module, batch: int, k: 
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> CondGenerator:
-    if data.tabular:
-        raise DpgenError("dpgan trains image GANs; dataset credit is tabular (use method=gpate)")
     dev = run.device
-    x_all = to_float(data.train.x).to(dev)
-    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    x_all, y_all = image_train_tensors(data, dev, "dpgan")
     n, k, shape = len(x_all), data.num_classes, list(data.shape)
     batch = int(hp.batch_size)
     q = batch / n

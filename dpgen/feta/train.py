@@ -13,7 +13,7 @@ from opacus import GradSampleModule
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.data.torch_utils import to_float
+from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import poisson_batch, query_central
@@ -75,11 +75,8 @@ def _check(hp: DictConfig, n: int) -> None:
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> FetaGenerator:
-    if data.tabular:
-        raise DpgenError("feta/dpdm train image diffusion models; dataset credit is tabular")
     dev = run.device
-    x_all = to_float(data.train.x).to(dev)
-    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    x_all, y_all = image_train_tensors(data, dev, "feta/dpdm")
     n, k, shape = len(x_all), data.num_classes, list(data.shape)
     _check(hp, n)
     central = str(hp.central)
