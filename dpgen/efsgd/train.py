@@ -1,0 +1,322 @@
+"""EFSGD (Ma & Zhang): DP-GAN-DPAC + error-feedback sanitisation, noise injection and a reconstruction loss.
+
+Built on :mod:`dpgen.dpac` (generator, discriminator ensemble and pre-training, classifier,
+sanitiser, both accounting modes). One generator iteration (Alg. 2):
+
+1. draw partition k ~ U[1, K]; ``critic_iters`` WGAN-GP steps of D_k on batches of partition k;
+2. (``recon``) ``encoder.steps`` steps of the partition's encoder E_k on D's last real batch
+   (x, y) — "the same samples and labels as the discriminator" — minimising
+   ‖G(u(x, y)) − x‖² + kl·½‖μ‖² with G fixed;
+3. (from t_c, λ_c > 0) DPAC's classifier: re-initialised, n_f fake then n_r real steps;
+4. G descends Eq. 15, −D_k(G(z, y)) − λ_c·C(G(z, y), y) + γ_recon·‖G(u) − x‖², where every
+   data-dependent gradient w.r.t. G's output goes through its own :class:`ErrorFeedbackSanitizer`
+   (e_d, e_c, e_e) and λ_c, γ_recon weight the *sanitised* gradients (post-processing).
+
+Reconstruction privacy. G's parameter gradient on the reconstruction path is J_θG(u)ᵀ·g̃: the
+Jacobian is evaluated at u, which depends on the private (x, y). Sanitising g alone (as the paper
+describes) therefore leaks u. ``encoder.code=private`` (default) releases u through a Gaussian
+mechanism — u = clip([μ(x), onehot(y)], C_z) + N(0, (2·C_z·z)²) — recorded as a further path in
+the same sampled event; ``encoder.code=raw`` feeds the exact [μ(x), onehot(y)] as the paper does and
+is allowed only with ``privacy.accounting=paper``.
+
+Nothing but the EMA generator is released: D_k, C, E_k, the latent codes and the error states
+stay in this function and in the private checkpoint.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from functools import partial
+
+import torch
+from omegaconf import DictConfig
+
+from dpgen.core.run import Run
+from dpgen.data.base import ImageDataset
+from dpgen.data.partition import partition_indices
+from dpgen.data.torch_utils import to_float
+from dpgen.dpac.accounting import paper_max_iters, paper_noise_multiplier
+from dpgen.dpac.classifier import ORDERS, train_classifier
+from dpgen.dpac.ensemble import NetStack, critic_step
+from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
+from dpgen.dpac.train import PRETRAIN_NOTE, Partitions, ema_update, pretrain
+from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
+from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
+from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
+from dpgen.errors import DpgenError
+from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier, clip_rows
+
+log = logging.getLogger("dpgen")
+
+CODES = ("private", "raw")
+EFSGD_NOTE = (
+    "efsgd: the per-partition encoders E_k (trained without DP, like D_k), the latent codes and the "
+    "error-feedback states e_d, e_c, e_e are never released; e holds raw unclipped gradient information "
+    "and lives only in memory and in the private checkpoint, never in generator.pt."
+)
+EF_NOTE = (
+    "error feedback (DiceSGD, Zhang, Bu, Wu & Hong, ICLR 2024): each path releases "
+    "clip(g, C1) + clip(e, C2) + N(0, (2*C1*z*sqrt(1+2*C2/C1))^2) per generated sample and the ledger records "
+    "it as the plain sampled Gaussian at z, as DiceSGD's privacy theorem and official code do. That theorem "
+    "was proven for DP-SGD on model parameters; dpgen did not re-prove it for per-sample image-gradient error "
+    "states that carry information across sampled partitions (e is not subsampled with the partition), so "
+    "with efsgd.error_feedback=true the sound epsilon rests on that theorem, not on the subsampled-Gaussian "
+    "argument alone."
+)
+CODE_NOTE = (
+    "reconstruction: G's Jacobian on the reconstruction path is evaluated at the encoder input u(x, y), so u "
+    "is released as clip([mu(x), onehot(y)], C_z) + N(0, (2*C_z*z)^2) and counted as one more path."
+)
+RAW_CODE_NOTE = (
+    "reconstruction with encoder.code=raw (as the paper): G is run at the exact encoder output of private "
+    "records and their private labels; only the gradient w.r.t. G's output is sanitised, so the "
+    "reconstruction path leaks through G's Jacobian. Not a valid DP guarantee."
+)
+
+
+def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: str) -> None:
+    """One-line DpgenErrors for bad user input."""
+    if not 1 <= int(hp.num_discriminators) <= n:
+        raise DpgenError(f"efsgd.num_discriminators={hp.num_discriminators} must be between 1 and N={n}")
+    for key in ("iters", "batch_size", "critic_iters"):
+        if int(hp[key]) < 1:
+            raise DpgenError(f"efsgd.{key} must be >= 1, got {hp[key]}")
+    if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
+        raise DpgenError(f"efsgd.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+    if float(hp.clip) <= 0 or float(hp.C2) < float(hp.clip):
+        raise DpgenError(f"efsgd needs 0 < clip (C1) <= C2, got clip={hp.clip}, C2={hp.C2}")
+    for key in ("sigma_noise", "gamma_recon", "lambda_c"):
+        if float(hp[key]) < 0:
+            raise DpgenError(f"efsgd.{key} must be >= 0, got {hp[key]}")
+    if hp.classifier.order not in ORDERS:
+        raise DpgenError(f"efsgd.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+    if hp.encoder.code not in CODES:
+        raise DpgenError(f"efsgd.encoder.code must be one of {', '.join(CODES)}, got {hp.encoder.code!r}")
+    if int(hp.encoder.steps) < 0 or float(hp.encoder.code_clip) <= 0:
+        raise DpgenError("efsgd.encoder.steps must be >= 0 and efsgd.encoder.code_clip > 0")
+    if recon_on(hp) and hp.encoder.code == "raw" and accounting == "sound":
+        raise DpgenError("efsgd.encoder.code=raw leaks the encoder input through G's Jacobian; "
+                         "use privacy.accounting=paper or efsgd.encoder.code=private")
+    if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
+        raise DpgenError(f"efsgd generates images up to 32x32; this dataset has shape {shape}")
+
+
+def classifier_start(hp: DictConfig) -> int | None:
+    """t_c, or None when the classifier is off (classifier.enabled=false or λ_c = 0)."""
+    if not bool(hp.classifier.enabled) or float(hp.lambda_c) == 0.0:
+        return None
+    return int(hp.classifier.start)
+
+
+def recon_on(hp: DictConfig) -> bool:
+    return bool(hp.recon) and float(hp.gamma_recon) > 0.0
+
+
+def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None, recon: bool,
+               private_code: bool) -> float:
+    """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε."""
+    if hp.noise_multiplier is not None:
+        return float(hp.noise_multiplier)
+    b, t = int(hp.batch_size), int(hp.iters)
+    if ledger.accounting == "paper":
+        return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon)
+    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
+                                      lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code),
+                                      base=ledger.entries, accountant=ledger.accountant)
+
+
+def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, code_clip: float, code_std: float,
+                  g: torch.Generator | None) -> torch.Tensor:
+    """G's input on the reconstruction path: [μ, onehot(y)], privatised (clip to C_z + Gaussian) unless raw."""
+    u = torch.cat([mu, torch.nn.functional.one_hot(y, ncls).to(mu.dtype)], dim=1)
+    if not private:
+        return u
+    return clip_rows(u, code_clip) + code_std * torch.randn(u.shape, generator=g, device=u.device, dtype=u.dtype)
+
+
+def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor, g_net: NoiseInjectionGenerator,
+                 ncls: int, private: bool, code_clip: float, code_std: float, kl: float, lr: float,
+                 betas: tuple[float, float], g: torch.Generator) -> float:
+    """One Adam step of E_k on ‖G(u(x, y)) − x‖² + kl·½‖μ‖² (G fixed; its own noise injection on)."""
+    p, u = enc.gather(k)
+    u = {n: t for n, t in torch.func.vmap(power_iteration)(p, u).items()}
+    for n in u:
+        enc.u[n][k] = u[n]
+    leaves = {n: t[0].detach().requires_grad_(True) for n, t in p.items()}
+    mu = enc_forward(leaves, {n: t[0] for n, t in u.items()}, xr)
+    xh = g_net.forward_input(encoder_input(mu, yr, ncls, private, code_clip, code_std, g), g)
+    loss = (xh - xr).pow(2).flatten(1).sum(1).mean() + kl * 0.5 * mu.pow(2).sum(1).mean()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    enc.adam_step(k, {n: gr.unsqueeze(0) for n, gr in zip(leaves, grads)}, lr, betas)
+    return float(loss.detach())
+
+
+def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
+                   clf: NetStack | None, k: int, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
+                   g: torch.Generator, recon: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+    """Eq. 15 through the sanitisers. ``recon`` = (u, x): the (released) encoder input and the real batch.
+
+    Per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x̂_i; λ_c and γ_recon are the
+    sanitisers' ``weight`` (applied after clipping and noise). D_k and C are detached.
+    """
+    dev = next(g_net.parameters()).device
+    y = torch.randint(0, ncls, (b,), generator=g, device=dev)
+    u_in = torch.cat([g_net.sample_z(b, g, dev), torch.nn.functional.one_hot(y, ncls).to(torch.float32)], dim=1)
+    if recon is not None:  # one forward (one spectral-norm power iteration) for both batches
+        u_in = torch.cat([u_in, recon[0].to(u_in.dtype)])
+    out = g_net.forward_input(u_in, g)
+    x = out[:b]
+    p, u = disc.member(k)
+    loss = -disc_forward(p, u, san["d"](x), y).sum()
+    if clf is not None:
+        pc, uc = clf.member(0)
+        loss = loss - clf_forward(pc, uc, san["c"](x), y).sum()
+    if recon is not None:
+        loss = loss + (san["e"](out[b:]) - recon[1]).pow(2).sum()
+    opt_g.zero_grad(set_to_none=True)
+    loss.backward()
+    opt_g.step()
+    return float(loss.detach()) / b
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> NoiseInjectionGenerator:
+    if data.tabular:
+        raise DpgenError("efsgd trains an image GAN; dataset credit is tabular (use method=gpate)")
+    dev = run.device
+    x_all = to_float(data.train.x).to(dev)
+    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    n, ncls, shape = len(x_all), data.num_classes, list(data.shape)
+    check_hparams(hp, n, tuple(shape), ledger.accounting)
+    K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
+    c_start, recon = classifier_start(hp), recon_on(hp)
+    private_code = hp.encoder.code == "private"
+    betas, lr = tuple(hp.betas), float(hp.lr)
+    gens = {"init": run.torch_generator(11), "data": run.torch_generator(12), "noise": run.torch_generator(13),
+            "gen": run.torch_generator(14)}
+    parts = Partitions(partition_indices(n, K, run.seed), dev)
+    make_gen = partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width),
+                       bool(hp.noise_injection), float(hp.sigma_noise))
+    g_net = make_gen().to(dev)
+    g_ema = copy.deepcopy(g_net)
+    opt_g = torch.optim.Adam(g_net.parameters(), lr=lr, betas=betas)
+    disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, K, gens["init"], dev)
+    clf_init_fn = partial(clf_init, ncls, shape, int(hp.d_width))
+    clf = NetStack(clf_init_fn, sn_init, 1, gens["init"], dev)
+    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev)
+           if recon else None)
+
+    state = run.resume_state["state"] if run.resume_state else None
+    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start, recon, private_code)
+    if ledger.accounting == "paper":
+        ledger.paper_epsilon = paper_epsilon_fn(B)
+    notes = [PRETRAIN_NOTE, EFSGD_NOTE]
+    if bool(hp.error_feedback):
+        notes.append(EF_NOTE)
+    if recon:
+        notes.append(CODE_NOTE if private_code else RAW_CODE_NOTE)
+    for note in notes:
+        if note not in ledger.notes:
+            ledger.notes.append(note)
+    ef, c1, c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
+    san = {"d": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, 1.0, gens["noise"]),
+           "c": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, float(hp.lambda_c), gens["noise"]),
+           "e": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, float(hp.gamma_recon), gens["noise"])}
+    code_clip = float(hp.encoder.code_clip)
+    code_std = 2.0 * code_clip * z_noise
+    if state:
+        g_net.load_state_dict(state["g"])
+        g_ema.load_state_dict(state["g_ema"])
+        opt_g.load_state_dict(state["opt_g"])
+        disc.load_state_dict(state["disc"])
+        clf.load_state_dict(state["clf"])
+        if enc is not None:
+            enc.load_state_dict(state["enc"])
+        for name, s in san.items():
+            s.load_state_dict(state["errors"][name])
+        run.restore_generators(gens)
+    else:
+        pretrain(disc, parts, x_all, y_all, make_gen, hp, gens["data"], ncls)
+    zp = z_noise / math.sqrt(B)
+    guards: dict[int, object] = {}
+    paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
+                 if ledger.accounting == "paper" else T)
+    log.info("efsgd: K=%d B=%d T=%d z=%.4f (per path %.4f) noise std %.4f, error_feedback=%s C2=%g, "
+             "noise_injection=%s (%g), recon=%s (%s code), classifier from %s, %s accounting", K, B, T, z_noise, zp,
+             san["d"].noise_std, ef, c2, bool(hp.noise_injection), float(hp.sigma_noise), recon, hp.encoder.code,
+             c_start, ledger.accounting)
+
+    def snapshot() -> dict:
+        return {"g": g_net.state_dict(), "g_ema": g_ema.state_dict(), "opt_g": opt_g.state_dict(),
+                "disc": disc.state_dict(), "clf": clf.state_dict(),
+                "enc": enc.state_dict() if enc is not None else None,
+                "errors": {k: s.state_dict() for k, s in san.items()}, "noise_multiplier": z_noise}
+
+    def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if y is None:
+            y = torch.randint(0, ncls, (m,), generator=gens["gen"], device=dev)
+        with torch.no_grad():
+            return g_net(g_net.sample_z(m, gens["gen"], dev), y, gens["gen"]), y
+
+    run.start(T, desc=f"efsgd eps<={ledger.target_epsilon:g}")
+    it = run.start_step
+    loss_e = float("nan")
+    while it < T:
+        with_c = c_start is not None and it >= c_start
+        paths = paths_at(it, c_start, recon, private_code)
+        if ledger.accounting == "sound":
+            if paths not in guards:
+                guards[paths] = ledger.budget_guard(ENTRY, [zp] * paths, "poisson", 1.0 / K)
+            if not guards[paths].allows():
+                log.info("privacy budget reached after %d generator iterations", it)
+                break
+        elif it >= paper_cap:
+            log.info("paper-analysis budget reached after %d generator iterations", it)
+            break
+        k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)
+        for _ in range(int(hp.critic_iters)):
+            idx = parts.sample(k, B, gens["data"])
+            xr, yr = x_all[idx], y_all[idx]
+            xf, _ = fake(B, yr[0])
+            alpha = torch.rand(1, B, generator=gens["data"], device=dev)
+            loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
+                                 float(hp.drift), lr, betas)
+        recon_batch = None
+        if recon:  # E_k on D's last real batch (same samples and labels), then the released code
+            x_rec, y_rec = xr[0], yr[0]
+            for _ in range(int(hp.encoder.steps)):
+                loss_e = encoder_step(enc, k, x_rec, y_rec, g_net, ncls, private_code, code_clip, code_std,
+                                      float(hp.encoder.kl_weight), lr, betas, gens["gen"])
+            with torch.no_grad():
+                pe, ue = enc.member(int(k))
+                code = encoder_input(enc_forward(pe, ue, x_rec), y_rec, ncls, private_code, code_clip, code_std,
+                                     gens["noise"])
+            recon_batch = (code, x_rec)
+        if with_c:
+            if bool(hp.classifier.reinit) or it == c_start:
+                clf.reset(clf_init_fn, sn_init, gens["init"])
+
+            def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
+                i = parts.sample(k, B, gens["data"])[0]
+                return x_all[i], y_all[i]
+
+            cb = int(hp.classifier.fake_batch)
+            fake_batch = lambda: fake(cb, torch.arange(cb, device=dev) % ncls)  # noqa: E731
+            train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                             hp.classifier.order, float(hp.gp_weight), lr, betas)
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san, B, ncls, gens["gen"],
+                                recon_batch)
+        if ledger.accounting == "sound":
+            guards[paths].step()
+        else:
+            with ledger.sampled_event(ENTRY, "poisson", 1.0 / K) as ev:
+                for _ in range(paths):
+                    ev.add_gaussian(zp)
+        ema_update(g_ema, g_net, float(hp.ema))
+        it += 1
+        scalars = {"loss_d": float(loss_d.mean()), "loss_g": loss_g}
+        if recon:
+            scalars["loss_e"] = loss_e
+        run.step_done(it, scalars, snapshot, gens)
+    run.finish(it, snapshot(), gens)
+    return g_ema.eval()

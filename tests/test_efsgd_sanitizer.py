@@ -1,0 +1,189 @@
+"""efsgd error-feedback sanitiser: the e update, clipping of e, the DiceSGD noise scale, the
+sanitised reconstruction path, and the ledger entries of a tiny run."""
+from __future__ import annotations
+
+import importlib
+import math
+from functools import partial
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dpgen.dpac.ensemble import NetStack
+from dpgen.dpac.nets import clf_init, disc_init, sn_init
+from dpgen.efsgd.accounting import iteration_entries
+from dpgen.efsgd.nets import NoiseInjectionGenerator
+from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std
+from dpgen.efsgd.train import encoder_input, generator_step
+from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
+from dpgen.privacy.ledger import compute_epsilon
+
+SHAPE = [1, 28, 28]
+
+
+def _rows(*norms: float, d: int = 4) -> torch.Tensor:
+    return torch.stack([torch.full((d,), n / math.sqrt(d)) for n in norms])  # rows with the given l2 norms
+
+
+def test_error_update_and_clipping_of_e():
+    c1, c2 = 1.0, 2.0
+    san = ErrorFeedbackSanitizer(c1, 0.0, c2)
+    g1 = _rows(5.0, 0.5)
+    v1 = san.update(g1)
+    torch.testing.assert_close(v1, _rows(1.0, 0.5))  # e starts at 0: v = clip(g, C1)
+    torch.testing.assert_close(san.error, g1 - v1)  # e <- e + g - v: row 0 keeps 4.0, row 1 nothing
+    g2 = _rows(0.2, 0.2)
+    v2 = san.update(g2)
+    # e = (4.0, 0) is clipped to C2 = 2 before it is added back
+    torch.testing.assert_close(san.last_error_clipped, _rows(2.0, 0.0))
+    torch.testing.assert_close(v2, _rows(2.2, 0.2))
+    torch.testing.assert_close(san.error, _rows(4.0, 0.0) + g2 - v2)  # (2.0, 0)
+    assert (san.last_direction.norm(dim=1) <= c1 + c2 + 1e-6).all()
+    v3 = san.update(torch.zeros(2, 4))  # no new gradient: the remaining error is fed back
+    torch.testing.assert_close(v3, _rows(2.0, 0.0))
+    torch.testing.assert_close(san.error, torch.zeros(2, 4), atol=1e-6, rtol=0)
+
+
+def test_without_error_feedback_it_is_dpacs_clip():
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 3.0, error_feedback=False)
+    for _ in range(2):
+        torch.testing.assert_close(san.update(_rows(5.0, 0.5)), _rows(1.0, 0.5))
+    assert san.error is None
+
+
+def test_error_clip_below_c1_is_rejected():
+    with pytest.raises(ValueError, match="C2"):
+        ErrorFeedbackSanitizer(1.0, 1.0, 0.5)
+
+
+@pytest.mark.parametrize("ef", [True, False])
+def test_noise_std_is_dicesgd_formula(ef):
+    c1, c2, z, b = 0.5, 1.5, 1.3, 64
+    san = ErrorFeedbackSanitizer(c1, z, c2, ef, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(b, *SHAPE, requires_grad=True)
+    (san(x) * 0.0).sum().backward()  # zero gradient and zero error: what reaches x is pure noise / B
+    noise = x.grad * b
+    expected = 2 * c1 * z * (math.sqrt(1 + 2 * c2 / c1) if ef else 1.0)
+    assert san.noise_std == pytest.approx(expected) == ef_noise_std(c1, c2, z, ef)
+    assert noise.std().item() == pytest.approx(expected, rel=0.02)
+    assert abs(noise.mean().item()) < 0.02 * expected
+
+
+def test_weight_scales_the_sanitised_release_only():
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 1.0, weight=0.25)
+    x = torch.randn(3, 4, requires_grad=True)
+    (san(x) * 100.0).sum().backward()  # raw rows of norm 200 >> C1
+    torch.testing.assert_close(x.grad, san.last_direction * 0.25 / 3)
+    assert (san.last_clipped.norm(dim=1) <= 1.0 + 1e-6).all()
+
+
+def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
+    torch.manual_seed(0)
+    b, c1, c2 = 8, 1e-3, 2e-3
+    g_net = NoiseInjectionGenerator(10, SHAPE, z_dim=10, width=8, noise_injection=True, sigma_noise=0.1)
+    opt = torch.optim.SGD(g_net.parameters(), lr=0.0)
+    gi = torch.Generator().manual_seed(1)
+    disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
+    clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu"))
+    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, torch.Generator().manual_seed(2 + i))
+           for i, (k, w) in enumerate([("d", 1.0), ("c", 0.25), ("e", 1.0)])}
+    for s in san.values():
+        s.error = torch.randn(b, *SHAPE)  # a non-trivial error state, so clip(e, C2) is active too
+    xr = torch.rand(b, *SHAPE)
+    code = encoder_input(torch.randn(b, 10), torch.arange(b) % 10, 10, True, 1.0, 0.5, torch.Generator().manual_seed(9))
+    g = torch.Generator().manual_seed(4)
+    state = g.get_state()
+    generator_step(g_net, opt, disc, clf, 1, san, b, 10, g, (code, xr))
+    grads = [p.grad.clone() for p in g_net.parameters()]
+    e = san["e"]
+    assert e.calls == 1 and (e.last_norms > c1).all(), "setup: the reconstruction gradient must need clipping"
+    assert (e.last_clipped.flatten(1).norm(dim=1) <= c1 * (1 + 1e-5)).all()
+    assert (e.last_error_clipped.flatten(1).norm(dim=1) <= c2 * (1 + 1e-5)).all()
+    assert (e.last_direction.flatten(1).norm(dim=1) <= (c1 + c2) * (1 + 1e-5)).all(), "bounded before noise"
+    # G's gradient is J^T of the weighted sanitised releases / B on both forward passes, nothing else
+    g.set_state(state)
+    g_net.eval()
+    y = torch.randint(0, 10, (b,), generator=g)
+    u_in = torch.cat([torch.cat([g_net.sample_z(b, g), torch.nn.functional.one_hot(y, 10).float()], 1), code])
+    out = g_net.forward_input(u_in, g)
+    params = list(g_net.parameters())
+    rel_x = (san["d"].last_release + 0.25 * san["c"].last_release) / b
+    ref = torch.autograd.grad(out, params, grad_outputs=torch.cat([rel_x, e.last_release / b]), allow_unused=True)
+    for a, r in zip(grads, ref):
+        r = torch.zeros_like(a) if r is None else r
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-7)
+
+
+def test_encoder_code_is_clipped_and_noised():
+    mu = torch.randn(16, 10) * 50
+    u = encoder_input(mu, torch.arange(16) % 10, 10, True, 1.0, 0.0, None)
+    assert (u.norm(dim=1) <= 1.0 + 1e-5).all()
+    raw = encoder_input(mu, torch.arange(16) % 10, 10, False, 1.0, 3.0, None)
+    torch.testing.assert_close(raw[:, :10], mu)
+
+
+# ---- ledger -------------------------------------------------------------------------------
+
+TINY_HP = {"num_discriminators": 4, "iters": 4, "batch_size": 6, "critic_iters": 1, "pretrain_iters": 2,
+           "pretrain_chunk": 4, "gp_weight": 10.0, "drift": 1e-3, "lr": 1e-4, "betas": [0.5, 0.9], "ema": 0.9,
+           "z_dim": 10, "g_width": 8, "d_width": 4, "clip": 1.0, "noise_multiplier": None,
+           "error_feedback": True, "C2": 2.0, "noise_injection": True, "sigma_noise": 0.1, "recon": True,
+           "gamma_recon": 1.0, "lambda_c": 0.25,
+           "encoder": {"width": 4, "steps": 1, "kl_weight": 1e-3, "code": "private", "code_clip": 1.0},
+           "classifier": {"enabled": True, "start": 2, "n_fake": 1, "n_real": 1, "fake_batch": 10, "reinit": True,
+                          "order": "sequential"}}
+
+
+def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
+    from test_dpac_sanitizer import _toy_data
+
+    from dpgen.core.run import Run
+    from dpgen.efsgd import train
+
+    hp = OmegaConf.merge(OmegaConf.create(TINY_HP), OmegaConf.create(over))
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=target, accounting=accounting)
+    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    return train(hp, _toy_data(), ledger, run), ledger, run
+
+
+@pytest.mark.parametrize("recon", [True, False])
+def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon):
+    tr = importlib.import_module("dpgen.efsgd.train")
+    made = []
+    orig = tr.ErrorFeedbackSanitizer
+
+    class Spy(orig):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(tr, "ErrorFeedbackSanitizer", Spy)
+    gen, ledger, run = run_tiny(tmp_path, recon=recon, clip=0.01, C2=0.02)  # small C1: clipping is active
+    san_d, san_c, san_e = made
+    assert (san_d.calls, san_c.calls, san_e.calls) == (4, 2, 4 if recon else 0)
+    # D (+ code + recon gradient) for t < t_c = 2, then + C
+    paths = [3, 4] if recon else [1, 2]
+    assert [(e.name, e.sampling, e.count, len(e.noise_multipliers)) for e in ledger.entries] == [
+        ("efsgd.generator", "poisson", 2, paths[0]), ("efsgd.generator", "poisson", 2, paths[1])]
+    zp = san_d.noise_multiplier / math.sqrt(6)
+    for e in ledger.entries:
+        assert e.sampling_rate == pytest.approx(1 / 4)
+        assert e.noise_multipliers == pytest.approx([zp] * len(e.noise_multipliers))
+    # the sanitisers' noise: ledger multiplier x sqrt(B) x sensitivity 2*C1, times DiceSGD's sqrt(1 + 2*C2/C1)
+    assert san_e.noise_std == pytest.approx(zp * math.sqrt(6) * 2 * 0.01 * math.sqrt(1 + 2 * 2.0))
+    assert ledger.epsilon() <= 8.0 and ledger.epsilon() == pytest.approx(8.0, rel=0.01)
+    assert any("DiceSGD" in n for n in ledger.notes) and any("never released" in n for n in ledger.notes)
+    ckpt = torch.load(run.checkpoint_path, weights_only=True)
+    errors = ckpt["state"]["errors"]
+    assert errors["d"]["error"].shape == (6, *SHAPE) and errors["d"]["error"].abs().sum() > 0, "e is checkpointed"
+    assert (errors["e"]["error"] is not None) == recon
+
+
+def test_iteration_entries_and_calibration():
+    es = iteration_entries(2.0, 10, 4, 10, 3, True, True, start=1)
+    assert [(e.count, len(e.noise_multipliers)) for e in es] == [(2, 3), (7, 4)]
+    assert [len(e.noise_multipliers) for e in iteration_entries(2.0, 10, 4, 10, None, True, False)] == [2]
+    z = calibrate_noise_multiplier(10.0, 1e-5, lambda v: iteration_entries(v, 1000, 32, 20000, 6000, True, True))
+    eps = compute_epsilon(iteration_entries(z, 1000, 32, 20000, 6000, True, True), 1e-5)
+    assert eps <= 10.0 and eps == pytest.approx(10.0, rel=0.01)
