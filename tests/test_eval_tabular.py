@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from dpgen.data.base import ImageDataset, Split
 from dpgen.eval import evaluate

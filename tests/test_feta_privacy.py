@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from opacus import GradSampleModule
 
-from dpgen.feta.central import (class_histograms, class_mean_sums, mode_from_histogram, noisy_class_histograms,
+from dpgen.feta.central import (class_histograms, mode_from_histogram, noisy_class_histograms,
                                 noisy_class_means, query_central)
 from dpgen.feta.dpsgd import clipped_grad_sum, set_noisy_grads
 from dpgen.privacy import LedgerEntry, PrivacyLedger

@@ -4,13 +4,12 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from dpgen.errors import DpgenError
-from dpgen.io import atomic_save, atomic_write_json  # noqa: F401  (re-exported for methods)
+
 
 
 def rng_state() -> dict:

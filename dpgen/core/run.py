@@ -13,7 +13,8 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dpgen.core.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
+from dpgen.core.checkpoint import load_checkpoint, rng_state, set_rng_state
+from dpgen.io import atomic_save
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_indices
-from dpgen.data.torch_utils import to_float
+from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.dpac.classifier import ORDERS, train_classifier
@@ -148,11 +148,8 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
-    if data.tabular:
-        raise DpgenError("dpac/gswgan train image GANs; dataset credit is tabular (use method=gpate)")
     dev = run.device
-    x_all = to_float(data.train.x).to(dev)
-    y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
+    x_all, y_all = image_train_tensors(data, dev, "dpac/gswgan")
     n, ncls, shape = len(x_all), data.num_classes, list(data.shape)
     check_hparams(hp, n, tuple(shape))
     K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)

@@ -6,7 +6,6 @@ current batch's statistics (no running buffers), so that ``torch.func.functional
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
