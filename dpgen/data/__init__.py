@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpgen.data.base import ImageDataset, Split
 from dpgen.data.cache import cache_path, is_valid, read_cache, write_cache
-from dpgen.data.partition import partition_indices
+from dpgen.data.partition import partition_by_record, record_owners
 from dpgen.errors import DpgenError
 
 # name -> (module, function). Modules are imported on first use so that
@@ -37,7 +37,7 @@ DATASETS: tuple[str, ...] = tuple(_LOADERS)
 # litter ./data/cache in every working directory that loads the default dataset.
 _UNCACHED = frozenset({"digits"})
 
-__all__ = ["DATASETS", "ImageDataset", "Split", "load_dataset", "partition_indices"]
+__all__ = ["DATASETS", "ImageDataset", "Split", "load_dataset", "partition_by_record", "record_owners"]
 
 
 def load_dataset(name: str, data_root: str | os.PathLike = "data", cache: bool = True) -> ImageDataset:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.data.partition import partition_indices
+from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
@@ -157,7 +157,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     betas = tuple(hp.betas)
     gens = {"init": run.torch_generator(11), "data": run.torch_generator(12), "noise": run.torch_generator(13),
             "gen": run.torch_generator(14)}
-    parts = Partitions(partition_indices(n, K, run.seed), dev)
+    parts = Partitions(partition_by_record(data.train.x, K, run.seed), dev)
     make_gen = partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width))
     g_net = make_gen().to(dev)
     g_ema = copy.deepcopy(g_net)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+
+from dpgen.data.partition import record_owners
 
 
 class TeacherEnsemble:
@@ -126,25 +129,8 @@ class TeacherEnsemble:
 
 
 def assign_teachers(x: torch.Tensor | "object", n_teachers: int, seed: int) -> torch.Tensor:
-    """Teacher index of every record, a keyed hash of the record's own bytes.
-
-    Why not a random permutation: under add/remove-one adjacency a permutation of range(N)
-    reshuffles every record when N changes, so one record could change every teacher.  With a
-    per-record hash, adding or removing a record changes exactly one teacher's partition, which
-    is what the sensitivity 1 / √2 of the vote counts assumes (PATE's disjointness).
-    """
-    import hashlib
-
-    import numpy as np
-
-    arr = np.ascontiguousarray(np.asarray(x))
-    key = int(seed).to_bytes(8, "little", signed=True)
-    rows = arr.reshape(len(arr), -1)
-    owner = np.empty(len(arr), dtype=np.int64)
-    for i in range(len(arr)):
-        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, key=key).digest()
-        owner[i] = int.from_bytes(h, "little") % int(n_teachers)
-    return torch.from_numpy(owner)
+    """Teacher index of every record (see :func:`dpgen.data.partition.record_owners`)."""
+    return torch.from_numpy(record_owners(np.asarray(x), n_teachers, seed))
 
 
 class PartitionSampler:
