@@ -2,6 +2,7 @@
 
 - ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
 - ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
+- ``${eps_tag:${eps}}``: ε as a directory name (10 and 10.0 both give ``10``).
 - ``${run_dir:${resume},DEFAULT}`` / ``${hydra_subdir:${resume}}``: a resumed run keeps writing
   into its original directory, and its new Hydra config goes beside (not over) the old one.
 """
@@ -36,6 +37,7 @@ def register_resolvers() -> None:
     for name, fn in {
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
+        "eps_tag": lambda eps: f"{float(eps):g}",  # eps=10 and eps=10.0 name the same directory
         "run_dir": lambda resume, default: default if resume in (None, "", "null") else str(resume),
         "hydra_subdir": lambda resume: ".hydra" if resume in (None, "", "null")
         else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
