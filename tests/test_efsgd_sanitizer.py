@@ -187,3 +187,14 @@ def test_iteration_entries_and_calibration():
     z = calibrate_noise_multiplier(10.0, 1e-5, lambda v: iteration_entries(v, 1000, 32, 20000, 6000, True, True))
     eps = compute_epsilon(iteration_entries(z, 1000, 32, 20000, 6000, True, True), 1e-5)
     assert eps <= 10.0 and eps == pytest.approx(10.0, rel=0.01)
+
+
+def test_paper_epsilon_reuses_the_gswgan_analysis_for_efsgd_entries():
+    import math
+
+    from dpgen.efsgd.accounting import ENTRY, paper_epsilon_fn
+    from dpgen.privacy import LedgerEntry
+
+    entries = [LedgerEntry(ENTRY, [1.07 / math.sqrt(32)], "poisson", 1 / 1000, count=20000)]
+    assert paper_epsilon_fn(32)(entries, 1e-5) == pytest.approx(9.9926, abs=0.01)  # accounting.md §4 oracle
+    assert paper_epsilon_fn(32)([LedgerEntry("other", [1.0], "poisson", 0.001, count=10)], 1e-5) == 0.0

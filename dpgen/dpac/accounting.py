@@ -61,13 +61,14 @@ def gswgan_paper_epsilon(z: float, k: int, compositions: int, delta: float) -> f
     return float(np.nanmin(eps))
 
 
-def paper_epsilon_fn(batch: int) -> Callable[[list[LedgerEntry], float], float]:
-    """``ledger.paper_epsilon``: maps the sound entries back to GS-WGAN's count (B per iteration, D path only)."""
+def paper_epsilon_fn(batch: int, entry: str = ENTRY) -> Callable[[list[LedgerEntry], float], float]:
+    """``ledger.paper_epsilon``: maps the sound entries named ``entry`` back to GS-WGAN's count
+    (B compositions per iteration, D path only); efsgd reuses it with its own entry name."""
 
     def fn(entries: list[LedgerEntry], delta: float) -> float:
         comps: dict[tuple[float, int], int] = {}
         for e in entries:
-            if e.name == ENTRY:  # first multiplier = the D path; the C path is not counted (official accountant)
+            if e.name == entry:  # first multiplier = the D path; the C path is not counted (official accountant)
                 key = (e.noise_multipliers[0] * math.sqrt(batch), round(1.0 / e.sampling_rate))
                 comps[key] = comps.get(key, 0) + e.count * batch
         if not comps:

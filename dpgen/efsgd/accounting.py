@@ -21,9 +21,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import numpy as np
 
-from dpgen.dpac.accounting import _wor_unit_curve
+from dpgen.dpac.accounting import paper_epsilon_fn as dpac_paper_epsilon_fn
 from dpgen.privacy import LedgerEntry
 
 ENTRY = "efsgd.generator"
@@ -49,20 +48,4 @@ def iteration_entries(z: float, k: int, batch: int, iters: int, c_start: int | N
 
 def paper_epsilon_fn(batch: int) -> Callable[[list[LedgerEntry], float], float]:
     """``ledger.paper_epsilon``: GS-WGAN's count (B compositions per iteration of the first, D, path)."""
-
-    def fn(entries: list[LedgerEntry], delta: float) -> float:
-        comps: dict[tuple[float, int], int] = {}
-        for e in entries:
-            if e.name == ENTRY:
-                key = (e.noise_multipliers[0] * math.sqrt(batch), round(1.0 / e.sampling_rate))
-                comps[key] = comps.get(key, 0) + e.count * batch
-        if not comps:
-            return 0.0
-        orders, total = None, 0.0
-        for (z, k), count in comps.items():
-            orders, rdp = _wor_unit_curve(float(z), int(k))
-            total = total + count * rdp
-        with np.errstate(over="ignore", invalid="ignore"):
-            return float(np.nanmin(total - math.log(delta) / (orders - 1.0)))
-
-    return fn
+    return dpac_paper_epsilon_fn(batch, entry=ENTRY)
