@@ -147,6 +147,76 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
         log.info("pre-trained discriminators %d..%d for %d steps", lo, lo + m - 1, steps)
 
 
+class IterationBudget:
+    """Per-iteration privacy bookkeeping shared by dpac/gswgan and efsgd.
+
+    Sound accounting: one budget guard per number of sanitized paths (one sampled event with
+    ``paths`` Gaussians z/√B at rate 1/K). Paper accounting: stop at the paper analysis' cap,
+    still recording the same sound entries so ``sound_epsilon`` stays truthful.
+    """
+
+    def __init__(self, ledger: PrivacyLedger, entry: str, zp: float, k: int, paper_cap: int) -> None:
+        self.ledger, self.entry, self.zp, self.q, self.paper_cap = ledger, entry, zp, 1.0 / k, paper_cap
+        self.guards: dict[int, object] = {}
+
+    def allows(self, it: int, paths: int) -> bool:
+        if self.ledger.accounting != "sound":
+            if it >= self.paper_cap:
+                log.info("paper-analysis budget reached after %d generator iterations", it)
+                return False
+            return True
+        if paths not in self.guards:
+            self.guards[paths] = self.ledger.budget_guard(self.entry, [self.zp] * paths, "poisson", self.q)
+        if not self.guards[paths].allows():
+            log.info("privacy budget reached after %d generator iterations", it)
+            return False
+        return True
+
+    def record(self, paths: int) -> None:
+        if self.ledger.accounting == "sound":
+            self.guards[paths].step()
+        else:
+            with self.ledger.sampled_event(self.entry, "poisson", self.q) as ev:
+                for _ in range(paths):
+                    ev.add_gaussian(self.zp)
+
+
+def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
+                 fake, hp: DictConfig, lr: float, betas: tuple, g: torch.Generator):
+    """Alg. 1 lines 3–8: ``critic_iters`` WGAN-GP steps of the sampled D_k on its own partition.
+
+    Returns the last critic loss and the last real batch (efsgd's encoder reuses it).
+    """
+    b = int(hp.batch_size)
+    for _ in range(int(hp.critic_iters)):
+        idx = parts.sample(k, b, g)
+        xr, yr = x_all[idx], y_all[idx]
+        xf, _ = fake(b, yr[0])
+        alpha = torch.rand(1, b, generator=g, device=xr.device)
+        loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
+                             float(hp.drift), lr, betas)
+    return loss_d, xr, yr
+
+
+def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
+                     fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
+                     gens: dict[str, torch.Generator]) -> None:
+    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition."""
+    if reset:
+        clf.reset(init_fn, sn_init, gens["init"])
+    dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
+
+    def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        i = parts.sample(k, b, gens["data"])[0]
+        return x_all[i], y_all[i]
+
+    def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        return fake(cb, torch.arange(cb, device=dev) % ncls)  # balanced labels
+
+    train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                     hp.classifier.order, float(hp.gp_weight), lr, betas)
+
+
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
     dev = run.device
     x_all, y_all = image_train_tensors(data, dev, "dpac/gswgan")
@@ -185,9 +255,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     san_d = Sanitizer(float(hp.clip), z_noise, gens["noise"])
     san_c = Sanitizer(float(hp.clip), z_noise, gens["noise"])
     zp = z_noise / math.sqrt(B)
-    guards: dict[int, object] = {}
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
+    budget = IterationBudget(ledger, ENTRY, zp, K, paper_cap)
     log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s accounting", K, B, T, z_noise, zp,
              c_start, ledger.accounting)
 
@@ -206,43 +276,16 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     while it < T:
         with_c = c_start is not None and it >= c_start
         paths = 2 if with_c else 1
-        if ledger.accounting == "sound":
-            if paths not in guards:
-                guards[paths] = ledger.budget_guard(ENTRY, [zp] * paths, "poisson", 1.0 / K)
-            if not guards[paths].allows():
-                log.info("privacy budget reached after %d generator iterations", it)
-                break
-        elif it >= paper_cap:
-            log.info("paper-analysis budget reached after %d generator iterations", it)
+        if not budget.allows(it, paths):
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
-        for _ in range(int(hp.critic_iters)):
-            idx = parts.sample(k, B, gens["data"])
-            xr, yr = x_all[idx], y_all[idx]
-            xf, _ = fake(B, yr[0])
-            alpha = torch.rand(1, B, generator=gens["data"], device=dev)
-            loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
-                                 float(hp.drift), float(hp.lr), betas)
+        loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
         if with_c:
-            if bool(hp.classifier.reinit) or it == c_start:
-                clf.reset(clf_init_fn, sn_init, gens["init"])
-
-            def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
-                i = parts.sample(k, B, gens["data"])[0]
-                return x_all[i], y_all[i]
-
-            cb = int(hp.classifier.fake_batch)
-            fake_batch = lambda: fake(cb, torch.arange(cb, device=dev) % ncls)  # noqa: E731  balanced labels
-            train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                             hp.classifier.order, float(hp.gp_weight), float(hp.lr), betas)
+            classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
+                             clf_init_fn, float(hp.lr), betas, gens)
         loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san_d, san_c, float(hp.beta),
                                 B, ncls, gens["gen"])
-        if ledger.accounting == "sound":
-            guards[paths].step()  # records one sampled event with `paths` Gaussians z/sqrt(B)
-        else:
-            with ledger.sampled_event(ENTRY, "poisson", 1.0 / K) as ev:
-                for _ in range(paths):
-                    ev.add_gaussian(zp)
+        budget.record(paths)  # one sampled event with `paths` Gaussians z/sqrt(B)
         ema_update(g_ema, g_net, float(hp.ema))
         it += 1
         run.step_done(it, {"loss_d": float(loss_d.mean()), "loss_g": loss_g}, snapshot, gens)

@@ -37,10 +37,11 @@ from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import paper_max_iters, paper_noise_multiplier
-from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import NetStack, critic_step
+from dpgen.dpac.classifier import ORDERS
+from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
-from dpgen.dpac.train import PRETRAIN_NOTE, Partitions, ema_update, pretrain
+from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, classifier_phase, critic_phase,
+                              ema_update, pretrain)
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
@@ -235,9 +236,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     else:
         pretrain(disc, parts, x_all, y_all, make_gen, hp, gens["data"], ncls)
     zp = z_noise / math.sqrt(B)
-    guards: dict[int, object] = {}
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
+    budget = IterationBudget(ledger, ENTRY, zp, K, paper_cap)
     log.info("efsgd: K=%d B=%d T=%d z=%.4f (per path %.4f) noise std %.4f, error_feedback=%s C2=%g, "
              "noise_injection=%s (%g), recon=%s (%s code), classifier from %s, %s accounting", K, B, T, z_noise, zp,
              san["d"].noise_std, ef, c2, bool(hp.noise_injection), float(hp.sigma_noise), recon, hp.encoder.code,
@@ -261,23 +262,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     while it < T:
         with_c = c_start is not None and it >= c_start
         paths = paths_at(it, c_start, recon, private_code)
-        if ledger.accounting == "sound":
-            if paths not in guards:
-                guards[paths] = ledger.budget_guard(ENTRY, [zp] * paths, "poisson", 1.0 / K)
-            if not guards[paths].allows():
-                log.info("privacy budget reached after %d generator iterations", it)
-                break
-        elif it >= paper_cap:
-            log.info("paper-analysis budget reached after %d generator iterations", it)
+        if not budget.allows(it, paths):
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)
-        for _ in range(int(hp.critic_iters)):
-            idx = parts.sample(k, B, gens["data"])
-            xr, yr = x_all[idx], y_all[idx]
-            xf, _ = fake(B, yr[0])
-            alpha = torch.rand(1, B, generator=gens["data"], device=dev)
-            loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
-                                 float(hp.drift), lr, betas)
+        loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, gens["data"])
         recon_batch = None
         if recon:  # E_k on D's last real batch (same samples and labels), then the released code
             x_rec, y_rec = xr[0], yr[0]
@@ -290,25 +278,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                                      gens["noise"])
             recon_batch = (code, x_rec)
         if with_c:
-            if bool(hp.classifier.reinit) or it == c_start:
-                clf.reset(clf_init_fn, sn_init, gens["init"])
-
-            def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
-                i = parts.sample(k, B, gens["data"])[0]
-                return x_all[i], y_all[i]
-
-            cb = int(hp.classifier.fake_batch)
-            fake_batch = lambda: fake(cb, torch.arange(cb, device=dev) % ncls)  # noqa: E731
-            train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                             hp.classifier.order, float(hp.gp_weight), lr, betas)
+            classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
+                             clf_init_fn, lr, betas, gens)
         loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san, B, ncls, gens["gen"],
                                 recon_batch)
-        if ledger.accounting == "sound":
-            guards[paths].step()
-        else:
-            with ledger.sampled_event(ENTRY, "poisson", 1.0 / K) as ev:
-                for _ in range(paths):
-                    ev.add_gaussian(zp)
+        budget.record(paths)
         ema_update(g_ema, g_net, float(hp.ema))
         it += 1
         scalars = {"loss_d": float(loss_d.mean()), "loss_g": loss_g}
