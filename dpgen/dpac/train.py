@@ -54,19 +54,24 @@ PAPER_NOTE = (
 )
 
 
+def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
+    """One-line DpgenErrors for the GS-WGAN keys that dpac and efsgd share (``prefix`` = config key)."""
+    if not 1 <= int(hp.num_discriminators) <= n:
+        raise DpgenError(f"{prefix}.num_discriminators={hp.num_discriminators} must be between 1 and N={n}")
+    for key in ("iters", "batch_size", "critic_iters"):
+        if int(hp[key]) < 1:
+            raise DpgenError(f"{prefix}.{key} must be >= 1, got {hp[key]}")
+    if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
+        raise DpgenError(f"{prefix}.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+
+
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
     """One-line DpgenErrors for bad user input."""
-    if not 1 <= int(hp.num_discriminators) <= n:
-        raise DpgenError(f"dpac.num_discriminators={hp.num_discriminators} must be between 1 and N={n}")
+    check_ensemble_hparams(hp, n, "dpac")
     if not 0.0 <= float(hp.beta) <= 1.0:
         raise DpgenError(f"dpac.beta={hp.beta} must be in [0, 1]")
     if hp.classifier.order not in ORDERS:
         raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
-    for key in ("iters", "batch_size", "critic_iters"):
-        if int(hp[key]) < 1:
-            raise DpgenError(f"dpac.{key} must be >= 1, got {hp[key]}")
-    if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
-        raise DpgenError(f"dpac.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
     if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
         raise DpgenError(f"dpac/gswgan generate images up to 32x32; this dataset has shape {shape}")
 

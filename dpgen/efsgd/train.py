@@ -40,8 +40,8 @@ from dpgen.dpac.accounting import paper_max_iters, paper_noise_multiplier
 from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
-from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, classifier_phase, critic_phase,
-                              ema_update, pretrain)
+from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, check_ensemble_hparams, classifier_phase,
+                              critic_phase, ema_update, pretrain)
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
@@ -78,13 +78,7 @@ RAW_CODE_NOTE = (
 
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: str) -> None:
     """One-line DpgenErrors for bad user input."""
-    if not 1 <= int(hp.num_discriminators) <= n:
-        raise DpgenError(f"efsgd.num_discriminators={hp.num_discriminators} must be between 1 and N={n}")
-    for key in ("iters", "batch_size", "critic_iters"):
-        if int(hp[key]) < 1:
-            raise DpgenError(f"efsgd.{key} must be >= 1, got {hp[key]}")
-    if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
-        raise DpgenError(f"efsgd.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+    check_ensemble_hparams(hp, n, "efsgd")
     if float(hp.clip) <= 0 or float(hp.C2) < float(hp.clip):
         raise DpgenError(f"efsgd needs 0 < clip (C1) <= C2, got clip={hp.clip}, C2={hp.C2}")
     for key in ("sigma_noise", "gamma_recon", "lambda_c"):
