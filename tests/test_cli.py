@@ -100,6 +100,7 @@ def test_resume_gives_the_same_epsilon_as_an_uninterrupted_run(trained_run, tmp_
     (["dataset=mnist"], "mnist"),
     (["privacy.accounting=fancy"], "accounting"),
     (["no_such_key=1"], "bad config"),
+    (["threads=0"], "threads"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
     res = run_script("train.py", *args, cwd=tmp_path)

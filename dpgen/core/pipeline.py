@@ -37,6 +37,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def set_threads(threads) -> None:
+    """Cap torch's CPU threads (parallel sweep jobs on a small machine otherwise oversubscribe it)."""
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -52,6 +58,9 @@ def validate(cfg: DictConfig) -> None:
         raise DpgenError(f"privacy.accounting must be sound or paper, not {cfg.privacy.accounting!r}")
     if cfg.privacy.accountant not in ("rdp", "pld"):
         raise DpgenError(f"privacy.accountant must be rdp or pld, not {cfg.privacy.accountant!r}")
+    threads = cfg.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise DpgenError(f"threads must be a positive integer or null, not {threads!r}")
     if cfg.profile not in ("quick", "paper"):
         raise DpgenError(f"profile must be quick or paper, not {cfg.profile!r}")
 
@@ -82,6 +91,7 @@ def run_training(cfg: DictConfig, run_dir: Path) -> dict:
     """Train, release and evaluate. Returns the metrics dict."""
     validate(cfg)
     device = resolve_device(str(cfg.device))
+    set_threads(cfg.get("threads"))
     seed_everything(int(cfg.seed))
     data = load_dataset(cfg.dataset.name, cfg.data_root)
     delta = float(cfg.delta)
