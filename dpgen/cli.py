@@ -57,6 +57,12 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
 
     register_resolvers()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    if config_name == "train":
+        try:
+            overrides = overrides + _config_sweeps(overrides, config_name)
+        except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            raise DpgenError(f"bad config: {first}") from None
     for group in ("method", "dataset", "eval", "profile"):
         for a in overrides:
             if a.split("=", 1)[0] == group:
@@ -80,6 +86,19 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
         if config_name == "train":
             validate(cfg)
             _check_inputs(cfg)
+
+
+def _config_sweeps(overrides: list[str], config_name: str) -> list[str]:
+    """``hydra.sweeper.params`` set by a config (``+experiment=...``) as overrides, so that precheck
+    validates every job of an experiment too; a command-line value wins, as in Hydra."""
+    from hydra import compose, initialize_config_dir
+
+    first_job = _override_variants([a for a in overrides if not a.startswith("hydra")])[0]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name, overrides=first_job, return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
+    return [f"{k}={v}" for k, v in params.items() if k not in given]
 
 
 def _check_inputs(cfg) -> None:

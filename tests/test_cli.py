@@ -139,3 +139,12 @@ def test_bad_sweep_value_is_caught_before_any_run(tmp_path):
     res = run_script("train.py", "-m", *TINY, "eps=1,-1", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("error:") == 1
     assert not (tmp_path / "outputs").exists()
+
+
+def test_experiment_sweep_values_are_checked_before_any_run(tmp_path):
+    # gpate_table1c sweeps over mnist and CelebA, which are not on this machine: precheck must
+    # see the experiment's own hydra.sweeper.params, not only the command line.
+    res = run_script("train.py", "-m", "+experiment=gpate_table1c", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("error:") == 1, res.stderr[-2000:]
+    assert "missing" in res.stderr
+    assert not (tmp_path / "outputs").exists()
