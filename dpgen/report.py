@@ -1,4 +1,5 @@
-"""Collect finished runs into tables and a privacy–utility plot (used by scripts/collect.py)."""
+"""Collect finished runs into tables, a privacy–utility plot and a comparison with the published
+numbers of configs/paper_results.yaml (used by scripts/collect.py and notebooks/results.ipynb)."""
 from __future__ import annotations
 
 import csv
@@ -16,7 +17,11 @@ METRICS = {  # column -> path into metrics.json
     "is": ("is",),
     "train_seconds": ("train_seconds",),
 }
-KEYS = ("method", "dataset", "target_epsilon", "accounting", "profile")
+KEYS = ("method", "dataset", "target_epsilon", "accounting", "profile", "variant")
+# Hyperparameters that turn one method into two published versions (DP-FETA_e / DP-FETA_o): such runs
+# are grouped and compared apart. method -> dotted key in the run's .hydra/config.yaml.
+VARIANT_KEYS = {"feta": "feta.central"}
+PAPER_FIELDS = ("table", "method", "dataset", "eps", "metric", "value", "citation")
 
 
 def _get(d: dict, path: tuple[str, ...]):
@@ -25,6 +30,20 @@ def _get(d: dict, path: tuple[str, ...]):
             return None
         d = d[p]
     return d if isinstance(d, (int, float)) and not isinstance(d, bool) else None
+
+
+def _variant(run_dir: Path, method: str | None) -> str | None:
+    """The published version a run reproduces, read from its composed config (None: the method has one)."""
+    key = VARIANT_KEYS.get(method or "")
+    cfg_file = run_dir / ".hydra" / "config.yaml"
+    if key is None or not cfg_file.is_file():
+        return None
+    import yaml  # PyYAML comes with omegaconf
+
+    node = yaml.safe_load(cfg_file.read_text())
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return None if node is None else str(node)
 
 
 def collect_runs(root: str | Path) -> list[dict]:
@@ -38,6 +57,7 @@ def collect_runs(root: str | Path) -> list[dict]:
         row = {k: metrics.get(k) for k in ("method", "dataset", "target_epsilon", "seed", "profile")}
         row.update({"accounting": privacy.get("accounting"), "epsilon": privacy.get("epsilon"),
                     "valid_dp_guarantee": privacy.get("valid_dp_guarantee"), "run_dir": str(mfile.parent)})
+        row["variant"] = _variant(mfile.parent, row["method"])
         row.update({col: _get(metrics, path) for col, path in METRICS.items()})
         rows.append(row)
     return rows
@@ -82,11 +102,13 @@ def write_outputs(summary: list[dict], runs: list[dict], out_dir: str | Path) ->
         writer.writeheader()
         writer.writerows(summary)
     cols = list(METRICS)
-    lines = ["| method | dataset | ε target | ε spent | accounting | valid DP | seeds | " + " | ".join(cols) + " |",
-             "|" + "---|" * (7 + len(cols))]
+    lines = ["| method | dataset | ε target | ε spent | accounting | valid DP | profile | variant | seeds | "
+             + " | ".join(cols) + " |",
+             "|" + "---|" * (9 + len(cols))]
     for r in summary:
         lines.append(f"| {r['method']} | {r['dataset']} | {r['target_epsilon']} | {r['epsilon']:.3f} | "
-                     f"{r['accounting']} | {r['valid_dp_guarantee']} | {r['seeds']} | "
+                     f"{r['accounting']} | {r['valid_dp_guarantee']} | {r['profile']} | {r['variant'] or '–'} | "
+                     f"{r['seeds']} | "
                      + " | ".join(_fmt(r[f'{c}_mean'], r[f'{c}_std']) for c in cols) + " |")
     md_path.write_text("\n".join(lines) + "\n")
     _plot(summary, png_path)
@@ -103,7 +125,8 @@ def _plot(summary: list[dict], path: Path) -> None:
     series: dict[str, list[tuple]] = defaultdict(list)
     for r in summary:
         if r["g2r_cnn_mean"] is not None:
-            series[f"{r['method']}/{r['dataset']} ({r['accounting']})"].append(
+            name = r["method"] + (f"[{r['variant']}]" if r.get("variant") else "")
+            series[f"{name}/{r['dataset']} ({r['accounting']}, {r['profile']})"].append(
                 (r["target_epsilon"], r["g2r_cnn_mean"], r["g2r_cnn_std"]))
     for label, pts in sorted(series.items()):
         pts.sort()
@@ -118,3 +141,98 @@ def _plot(summary: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# -- comparison with the papers ------------------------------------------------------------------
+
+ACCOUNTINGS = ("paper", "sound")  # sections of results_vs_paper.md, in this order
+
+
+def load_paper_results(path: str | Path) -> list[dict]:
+    """The rows of configs/paper_results.yaml, checked: a typo there would silently match nothing."""
+    import yaml
+
+    from dpgen.errors import DpgenError
+
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise DpgenError(f"{path}: expected a top-level 'rows:' list")
+    for i, r in enumerate(rows):
+        missing = [f for f in PAPER_FIELDS if not isinstance(r, dict) or r.get(f) is None]
+        if missing:
+            raise DpgenError(f"{path}: row {i} lacks {', '.join(missing)}")
+        if r["metric"] not in METRICS:
+            raise DpgenError(f"{path}: row {i} has metric {r['metric']!r}; use one of {', '.join(METRICS)}")
+    return rows
+
+
+def compare(summary: list[dict], paper_rows: list[dict]) -> list[dict]:
+    """One row per (published number, group of our runs with the same method/dataset/ε/variant/accounting/profile).
+
+    ``diff`` is ours − paper (positive = higher than published; for FID lower is better). Published numbers
+    without a matching run are left out: results_vs_paper lists what was measured. ``comparable`` is False
+    for profile=quick: CPU-sized models are not the paper's and their numbers say nothing about the paper's.
+    """
+    out = []
+    for p in paper_rows:
+        for r in summary:
+            if (r["method"], r["dataset"]) != (p["method"], p["dataset"]):
+                continue
+            if r["target_epsilon"] is None or not math.isclose(float(r["target_epsilon"]), float(p["eps"])):
+                continue
+            if p.get("variant") is not None and r.get("variant") != p["variant"]:
+                continue
+            ours, std = r[f"{p['metric']}_mean"], r[f"{p['metric']}_std"]
+            out.append({
+                "accounting": r["accounting"], "profile": r["profile"], "comparable": r["profile"] == "paper",
+                "table": p["table"], "method": p["method"], "variant": r.get("variant"), "dataset": p["dataset"],
+                "eps": float(p["eps"]), "epsilon_spent": r["epsilon"], "valid_dp_guarantee": r["valid_dp_guarantee"],
+                "metric": p["metric"], "paper": float(p["value"]), "ours": ours, "ours_std": std,
+                "seeds": r["seeds"], "diff": None if ours is None else ours - float(p["value"]),
+                "citation": p["citation"], "note": p.get("note") or "",
+            })
+    # accounting sections first, paper-profile (comparable) rows before quick ones inside each
+    order = {a: i for i, a in enumerate(ACCOUNTINGS)}
+    out.sort(key=lambda c: (order.get(c["accounting"], len(order)), not c["comparable"], c["table"], c["method"],
+                            str(c["variant"]), c["dataset"], c["eps"], c["metric"]))
+    return out
+
+
+def _num(v, digits: int = 3) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def write_comparison(rows: list[dict], out_dir: str | Path) -> list[Path]:
+    """results_vs_paper.csv (every row) and results_vs_paper.md (one section per accounting mode)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_dir / "results_vs_paper.csv", out_dir / "results_vs_paper.md"
+    fields = ["accounting", "profile", "comparable", "table", "method", "variant", "dataset", "eps", "epsilon_spent",
+              "valid_dp_guarantee", "metric", "paper", "ours", "ours_std", "seeds", "diff", "citation", "note"]
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["# Our results next to the published ones", "",
+             "`diff` = ours − paper (for FID lower is better). The papers' ε are under their own accounting; "
+             "our `paper` rows reproduce that accounting (not a valid DP guarantee where it under-counts), "
+             "our `sound` rows spend the same ε under a valid bound. Rows marked **quick** come from "
+             "`profile=quick` (CPU-sized models and budgets): they are not comparable with the paper.", ""]
+    if not rows:
+        lines.append("No run matches a published number (method, dataset, ε, variant) of configs/paper_results.yaml.")
+    for acc in sorted({r["accounting"] for r in rows}, key=lambda a: (a not in ACCOUNTINGS, str(a))):
+        lines += [f"## `{acc}` accounting", "",
+                  "| table | method | dataset | ε | ε spent | metric | paper | ours | diff | seeds | profile | citation |",
+                  "|" + "---|" * 12]
+        for r in (r for r in rows if r["accounting"] == acc):
+            method = r["method"] + (f" ({r['variant']})" if r["variant"] else "")
+            profile = "paper" if r["comparable"] else f"**{r['profile']}** (not comparable)"
+            ours = "–" if r["ours"] is None else f"{r['ours']:.3f} ± {r['ours_std']:.3f}"
+            cite = r["citation"] + (f"; {r['note']}" if r["note"] else "")
+            lines.append(f"| {r['table']} | {method} | {r['dataset']} | {r['eps']:g} | {_num(r['epsilon_spent'])} | "
+                         f"{r['metric']} | {r['paper']:g} | {ours} | {_num(r['diff'])} | {r['seeds']} | {profile} | "
+                         f"{cite} |")
+        lines.append("")
+    md_path.write_text("\n".join(lines) + "\n")
+    return [csv_path, md_path]

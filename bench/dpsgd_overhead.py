@@ -1,0 +1,209 @@
+"""Time one DP-SGD step against one non-private step of the same batch, per network and per-sample-gradient backend.
+
+Networks (the DP-trained ones, at their quick-profile sizes by default):
+  dpgan_D    dpgan's ProjectionDiscriminator (real + fake rows, BCE)
+  dpaf_C     DPAF's classifier C, all of it by DP-SGD (the sound variant of phase 1)
+  dpaf_D     DPAF's D with only conv2* trained by DP-SGD (conv1 frozen, head trained elsewhere)
+  feta_unet  the FETA/DPDM UNet (EDM denoising loss)
+Backends for the per-sample gradients:
+  hooks      opacus GradSampleModule, grad_sample_mode="hooks" (what the methods use today)
+  functorch  opacus GradSampleModule with force_functorch=True (opacus' grad_sample_mode="functorch")
+  torch.func vmap(grad(per-sample loss)) over torch.func.functional_call
+Every private step does the same clipping (per-sample norm over all trained parameters), summing,
+Gaussian noise and optimizer step, so the ratios differ only by how per-sample gradients are obtained.
+All variants of a network run in this process, on the same weights and batch, interleaved rep by rep.
+
+    OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--batch 64] [--reps 5] [--threads 1] [--nets dpgan_D,feta_unet]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from opacus import GradSampleModule
+from torch.func import functional_call, grad, vmap
+
+from dpgen.dpaf.nets import DpafNet, sin
+from dpgen.nets.dcgan import ProjectionDiscriminator
+from dpgen.nets.unet import UNet
+
+BACKENDS = ("hooks", "functorch", "torch.func")
+K, SHAPE = 10, [1, 28, 28]
+
+
+class Bench(nn.Module):
+    """A network plus its per-sample loss: forward(*batch) -> loss of each row (shape [B])."""
+
+    def __init__(self, net: nn.Module, loss) -> None:
+        super().__init__()
+        self.net, self.loss = net, loss
+
+    def forward(self, *batch):
+        return self.loss(self.net, *batch)
+
+
+def dpgan_d(batch: int, width: int):
+    def loss(net, x, y, t):
+        return F.binary_cross_entropy_with_logits(net(x, y), t, reduction="none")
+
+    x = torch.rand(batch, *SHAPE)
+    y = torch.randint(0, K, (batch,))
+    t = torch.cat([torch.ones(batch // 2), torch.zeros(batch - batch // 2)])
+    return Bench(ProjectionDiscriminator(K, SHAPE, width=width), loss), (x, y, t)
+
+
+class VmapDpafNet(DpafNet):
+    """DpafNet with its label maps built by indexing an identity matrix instead of F.one_hot: the same
+    values, but F.one_hot checks the labels' range with a data-dependent .item(), which vmap (torch.func)
+    refuses. dpgen/dpaf/nets.py would need the same one-line change for torch.func to train it."""
+
+    def features(self, x, labels=None, sin_eps: float = 1e-5):
+        h = self.conv1(x * 2 - 1)
+        if self.k_in:
+            onehot = torch.eye(self.k_in, dtype=h.dtype, device=h.device)[labels]
+            h = torch.cat([h, onehot[:, :, None, None].expand(-1, -1, *h.shape[-2:])], dim=1)
+        return sin(self.conv2(h), sin_eps)
+
+
+def dpaf_c(batch: int, width: int):
+    def loss(net, x, y):  # sound phase 1: per-sample MSE of the class-proportion output to the one-hot label
+        return ((net.score(net.features(x)).softmax(1) - torch.eye(K)[y]) ** 2).sum(1)
+
+    return Bench(VmapDpafNet(SHAPE, [1, 1, 1], width=width, out_dim=K, fc_hidden=32), loss), \
+        (torch.rand(batch, *SHAPE), torch.randint(0, K, (batch,)))
+
+
+def dpaf_d(batch: int, width: int):
+    def loss(net, x, y, t):  # conv2* through D̂ (no aggregation), conv1 frozen
+        return F.binary_cross_entropy_with_logits(net.score(net.features(x, y)), t, reduction="none")
+
+    net = VmapDpafNet(SHAPE, [1, 1, 1], width=width, out_dim=1, num_classes_in=K, fc_hidden=32)
+    for p in list(net.conv1.parameters()) + list(net.head.parameters()):
+        p.requires_grad_(False)
+    t = torch.cat([torch.ones(batch // 2), torch.zeros(batch - batch // 2)])
+    return Bench(net, loss), (torch.rand(batch, *SHAPE), torch.randint(0, K, (batch,)), t)
+
+
+def feta_unet(batch: int, width: int):
+    def loss(net, x, y, sigma, n):  # EDM-style denoising loss on fixed noise levels (preconditioning left out)
+        out = net(x + sigma[:, None, None, None] * n, sigma.log() / 4, y)
+        return ((out - x) ** 2).flatten(1).mean(1)
+
+    net = UNet(1, 28, K, nf=width, ch_mult=(1, 2), num_res_blocks=1, attn_res=(7,))
+    x = torch.rand(batch, *SHAPE) * 2 - 1
+    return Bench(net, loss), (x, torch.randint(0, K, (batch,)), torch.rand(batch) * 5 + 0.1, torch.randn_like(x))
+
+
+NETS = {"dpgan_D": (dpgan_d, 32), "dpaf_C": (dpaf_c, 16), "dpaf_D": (dpaf_d, 16), "feta_unet": (feta_unet, 8)}
+
+
+def noisy_step(params: list[torch.Tensor], grads: list[torch.Tensor], opt, clip: float, sigma: float) -> None:
+    """Clip each row's gradient (norm over all parameters), sum, add N(0, σ²C²), step."""
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
+    scale = (clip / (norms + 1e-6)).clamp(max=1.0)
+    for p, g in zip(params, grads):
+        p.grad = torch.einsum("b,b...->...", scale, g) + sigma * clip * torch.randn_like(p)
+    opt.step()
+
+
+def make_steps(bench: Bench, batch: tuple) -> dict:
+    """One callable per variant, each on its own deep copy of the same initial weights."""
+    steps = {}
+
+    plain = copy.deepcopy(bench)
+    p_params = [p for p in plain.parameters() if p.requires_grad]
+    p_opt = torch.optim.SGD(p_params, lr=1e-4)
+
+    def non_private():
+        p_opt.zero_grad(set_to_none=True)
+        plain(*batch).sum().backward()
+        p_opt.step()
+
+    steps["non-private"] = non_private
+
+    for mode in ("hooks", "functorch"):
+        model = copy.deepcopy(bench)
+        gsm = GradSampleModule(model, loss_reduction="sum", force_functorch=(mode == "functorch"))
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=1e-4)
+
+        def opacus_step(gsm=gsm, params=params, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad_sample = None
+            gsm(*batch).sum().backward()
+            noisy_step(params, [p.grad_sample for p in params], opt, 1.0, 1.0)
+
+        steps[mode] = opacus_step
+
+    model = copy.deepcopy(bench)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = dict(model.named_buffers())
+    opt = torch.optim.SGD(params, lr=1e-4)
+
+    def one_loss(train: dict, *row):
+        # vmap strips the batch dimension; the network expects one, so each row is a batch of one
+        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
+
+    per_sample = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(batch))
+
+    def func_step():
+        grads = per_sample({n: p.detach() for n, p in zip(names, params)}, *batch)
+        noisy_step(params, [grads[n] for n in names], opt, 1.0, 1.0)
+
+    steps["torch.func"] = func_step
+    return steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--nets", default=",".join(NETS))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
+    torch.manual_seed(0)
+    print(f"batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), torch {torch.__version__}")
+    print(f"{'network':<10} {'params':>8} {'non-private ms':>15} " + " ".join(f"{b + ' ms':>14} {'ratio':>6}"
+                                                                          for b in BACKENDS) + "  fastest")
+    for name in a.nets.split(","):
+        build, width = NETS[name]
+        bench, batch = build(a.batch, width)
+        n_params = sum(p.numel() for p in bench.parameters() if p.requires_grad)
+        steps = make_steps(bench, batch)
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        failed: dict[str, str] = {}
+        for k, fn in steps.items():  # warm-up (and find unsupported backends)
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - report the backend as unsupported, keep benchmarking
+                failed[k] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        for _ in range(a.reps):  # interleaved, so load changes on a shared machine hit every variant alike
+            for k, fn in steps.items():
+                if k in failed:
+                    continue
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
+        base = med["non-private"]
+        cells = []
+        for b in BACKENDS:
+            cells.append(f"{'failed':>14} {'–':>6}" if b in failed else f"{med[b] * 1e3:>14.1f} {med[b] / base:>6.2f}")
+        fastest = min((b for b in BACKENDS if b in med), key=med.get)
+        print(f"{name:<10} {n_params:>8} {base * 1e3:>15.1f} " + " ".join(cells) + f"  {fastest}")
+        for b, why in failed.items():
+            print(f"  {name} {b}: {why}")
+
+
+if __name__ == "__main__":
+    main()

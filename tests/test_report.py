@@ -1,0 +1,145 @@
+"""dpgen.report / scripts/collect.py on the fixture runs: summaries, variants, and the comparison with the papers."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_script
+from dpgen.errors import DpgenError
+from dpgen.report import collect_runs, compare, load_paper_results, summarise, write_comparison
+
+FIXTURES = ROOT / "tests" / "fixtures" / "runs"
+
+
+def _relabel(run: Path, **fields) -> None:
+    """Edit a copied fixture so it stands for another setting (the fixtures are tiny digits runs)."""
+    m = json.loads((run / "metrics.json").read_text())
+    p = json.loads((run / "privacy.json").read_text())
+    for key, value in fields.items():
+        if key == "accounting":
+            p["accounting"], p["valid_dp_guarantee"] = value, value == "sound"
+        elif key == "g2r_cnn":
+            m["g2r"]["cnn"]["accuracy"] = value
+        else:
+            m[key] = value
+    (run / "metrics.json").write_text(json.dumps(m))
+    (run / "privacy.json").write_text(json.dumps(p))
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    """dpgan as 'fmnist' at eps 10: a paper-profile pair (two seeds, sound), the same under paper accounting,
+    and a quick run; feta mean/mode as 'fmnist'."""
+    root = tmp_path / "runs"
+    src = FIXTURES / "dpgan" / "digits" / "eps10" / "seed0"
+    for name, fields in {
+        "paper_s0": dict(dataset="fmnist", profile="paper", seed=0, g2r_cnn=0.60),
+        "paper_s1": dict(dataset="fmnist", profile="paper", seed=1, g2r_cnn=0.64),
+        "paper_acct": dict(dataset="fmnist", profile="paper", accounting="paper", g2r_cnn=0.70),
+        "quick": dict(dataset="fmnist", profile="quick", g2r_cnn=0.30),
+    }.items():
+        shutil.copytree(src, root / name)
+        _relabel(root / name, **fields)
+    for central in ("mean", "mode"):
+        shutil.copytree(FIXTURES / "feta" / "digits" / "eps10" / f"seed0-{central}", root / f"feta_{central}")
+        _relabel(root / f"feta_{central}", dataset="fmnist", profile="paper", g2r_cnn=0.5 if central == "mean" else 0.4)
+    return root
+
+
+PAPER = [
+    {"table": "t1", "method": "dpgan", "dataset": "fmnist", "eps": 10, "metric": "g2r_cnn", "value": 0.61,
+     "citation": "x Table 1"},
+    {"table": "t1", "method": "dpgan", "dataset": "fmnist", "eps": 1, "metric": "g2r_cnn", "value": 0.11,
+     "citation": "x Table 1"},  # no run at eps 1: must not appear
+    {"table": "t2", "method": "feta", "variant": "mode", "dataset": "fmnist", "eps": 10, "metric": "g2r_cnn",
+     "value": 0.866, "citation": "feta Table II"},
+]
+
+
+def test_fixtures_are_small_and_complete():
+    runs = collect_runs(FIXTURES)
+    assert {r["method"] for r in runs} >= {"dpgan", "feta", "dpaf"}
+    assert {r["accounting"] for r in runs} == {"sound", "paper"}
+    for f in FIXTURES.rglob("*"):
+        assert not f.is_file() or f.stat().st_size < 20_000, f"{f} is too large for a fixture"
+
+
+def test_feta_variant_comes_from_the_run_config(runs):
+    got = {r["run_dir"].rsplit("/", 1)[-1]: r["variant"] for r in collect_runs(runs)}
+    assert got["feta_mean"] == "mean" and got["feta_mode"] == "mode" and got["quick"] is None
+
+
+def test_comparison_keeps_accounting_modes_and_quick_runs_apart(runs):
+    rows = compare(summarise(collect_runs(runs)), PAPER)
+    by = {(r["method"], r["accounting"], r["profile"]): r for r in rows}
+    assert set(by) == {("dpgan", "sound", "paper"), ("dpgan", "paper", "paper"), ("dpgan", "sound", "quick"),
+                       ("feta", "sound", "paper")}
+    sound = by[("dpgan", "sound", "paper")]
+    assert sound["seeds"] == 2 and sound["ours"] == pytest.approx(0.62) and sound["diff"] == pytest.approx(0.01)
+    assert sound["comparable"] and not by[("dpgan", "sound", "quick")]["comparable"]
+    assert by[("dpgan", "paper", "paper")]["ours"] == pytest.approx(0.70)  # not averaged with the sound runs
+    assert not by[("dpgan", "paper", "paper")]["valid_dp_guarantee"]
+    feta = by[("feta", "sound", "paper")]
+    assert feta["variant"] == "mode" and feta["ours"] == pytest.approx(0.4)  # the mean run is not DP-FETA_o
+    assert [r["accounting"] for r in rows] == sorted((r["accounting"] for r in rows), key=["paper", "sound"].index)
+
+
+def test_markdown_sections_and_quick_label(runs, tmp_path):
+    rows = compare(summarise(collect_runs(runs)), PAPER)
+    md_path = write_comparison(rows, tmp_path / "out")[1]
+    md = md_path.read_text()
+    paper_sec, sound_sec = md.index("## `paper` accounting"), md.index("## `sound` accounting")
+    assert paper_sec < sound_sec
+    sound_part = md[sound_sec:]
+    assert "| 0.610 |" not in md  # paper values print as published (0.61), not padded
+    assert "0.620 ± 0.028" in sound_part and "| 0.010 |" in sound_part
+    assert "**quick** (not comparable)" in sound_part and "**quick**" not in md[paper_sec:sound_sec]
+    assert "0.700 ± 0.000" in md[paper_sec:sound_sec] and "0.700" not in sound_part
+
+
+def test_paper_results_file_names_known_methods_datasets_and_metrics():
+    from dpgen.core.methods import available
+
+    rows = load_paper_results(ROOT / "configs" / "paper_results.yaml")
+    assert len(rows) > 100
+    for r in rows:
+        assert r["method"] in available("method") and r["dataset"] in available("dataset"), r
+        assert r["metric"] in ("g2r_cnn", "g2r_mlp", "r2g", "fid", "is")
+        if r["metric"] in ("g2r_cnn", "g2r_mlp", "r2g"):
+            assert 0.0 < r["value"] <= 1.0, f"accuracy must be a fraction: {r}"
+        assert r["citation"].split()[0] in ("gpate", "dpac", "efsgd", "dpaf", "feta")
+    # spot checks against the papers' tables
+    pick = {(r["citation"], r["method"], r.get("variant"), r["dataset"], r["eps"], r["metric"]): r["value"] for r in rows}
+    assert pick[("gpate Table 1c", "gpate", None, "fmnist", 1, "g2r_cnn")] == 0.5812
+    assert pick[("dpac Table 2", "dpac", None, "fmnist", 10, "g2r_cnn")] == 0.73
+    assert pick[("feta Table II", "feta", "mode", "fmnist", 10, "g2r_cnn")] == 0.866
+    assert pick[("dpaf Table II", "dpaf", None, "celeba64", 1, "g2r_cnn")] == 0.802
+
+
+def test_bad_paper_rows_are_rejected(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rows:\n  - {table: t, method: dpgan, dataset: fmnist, eps: 1, metric: acc, value: 0.5, citation: c}\n")
+    with pytest.raises(DpgenError, match="metric"):
+        load_paper_results(bad)
+    bad.write_text("rows:\n  - {table: t, method: dpgan, dataset: fmnist, eps: 1, metric: fid, citation: c}\n")
+    with pytest.raises(DpgenError, match="value"):
+        load_paper_results(bad)
+
+
+def test_collect_script_writes_the_comparison(runs, tmp_path):
+    res = run_script("collect.py", str(runs), f"out={tmp_path / 'report'}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "report"
+    for name in ("results.csv", "results.md", "privacy_utility.png", "results_vs_paper.csv", "results_vs_paper.md"):
+        assert (out / name).is_file(), name
+    with (out / "results_vs_paper.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    # the real configs/paper_results.yaml has the DP-FETA_o F-MNIST eps=10 row (0.866) and G-PATE's DP-GAN one (0.6098)
+    assert any(r["method"] == "feta" and r["variant"] == "mode" and r["paper"] == "0.866" for r in rows)
+    assert any(r["method"] == "dpgan" and r["paper"] == "0.6098" and r["profile"] == "quick" for r in rows)
+    res = run_script("collect.py", str(runs), "paper=/nonexistent.yaml", cwd=tmp_path)
+    assert res.returncode == 2 and "not found" in res.stderr
