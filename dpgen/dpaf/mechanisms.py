@@ -19,26 +19,28 @@ def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scal
     return (total + noise * (noise_multiplier * sensitivity)) / scale
 
 
-def compress_top(per_sample: torch.Tensor, keep: float, max_exact: int = 8192) -> torch.Tensor:
+def compress_top(per_sample: torch.Tensor, keep: float, max_exact: int = 2048) -> torch.Tensor:
     """Gradient compression (Sec. VI-B7, [62]): keep the ``keep`` fraction of largest-magnitude entries
     of each per-sample gradient (rows of ``per_sample``), zero the rest. Done before clipping, so the
     clipped norm, hence DP-SGD's sensitivity, is unaffected.
 
     Rows longer than ``max_exact`` use a threshold estimated from ``max_exact`` coordinates drawn at random
-    (data-independently) instead of an exact sort, which is far too slow on a CPU; each row's threshold
-    still depends on that row only, so this remains a per-sample map.
+    (data-independently) instead of an exact sort, which is far too slow on a CPU (the kept fraction is then
+    ``keep`` ± ~0.7% for 2048 draws); each row's threshold still depends on that row only, so this remains
+    a per-sample map.
     """
     if keep >= 1.0 or per_sample.numel() == 0:
         return per_sample
-    mags = per_sample.abs()
-    sub = mags
-    if mags.shape[1] > max_exact:
-        sub = mags[:, torch.randint(0, mags.shape[1], (max_exact,), device=mags.device)]
+    d = per_sample.shape[1]
+    if d > max_exact:  # index_select then abs: never materialise |g| of the full matrix twice
+        sub = per_sample.index_select(1, torch.randint(0, d, (max_exact,), device=per_sample.device)).abs()
+    else:
+        sub = per_sample.abs()
     drop = int(round((1.0 - keep) * sub.shape[1]))
     if drop < 1:
         return per_sample
     thr = sub.kthvalue(drop, dim=1, keepdim=True).values
-    return per_sample * (mags > thr)
+    return per_sample * (per_sample.abs() > thr)
 
 
 class CompressedDPOptimizer(DPOptimizer):

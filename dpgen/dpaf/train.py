@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from opacus import GradSampleModule
 from torch import nn
 
+from dpgen.core.checkpoint import set_rng_state
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
@@ -84,6 +85,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     # ---- phase 1: C (Alg. 1 lines 2-4) --------------------------------------------------------------
     c_net = DpafNet(shape, layers, out_dim=k, **net_kw).to(dev)
+    if run.resume_state:
+        # building C drew from the global RNG that Run just restored: restore it again so that what follows
+        # (D/G init at the phase boundary) draws exactly what the uninterrupted run drew
+        set_rng_state(run.resume_state["rng"])
     z1 = float(state["z1"]) if state and state.get("z1") is not None else (budget.conv1_sigma() if t1 else None)
     if step < t1:
         # paper: only conv1 by DP-SGD, conv2/conv3/FC by plain SGD (line 4); sound: all of C by DP-SGD.
@@ -120,6 +125,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             step += 1
             run.step_done(step, {"loss_c": loss.item() / max(len(idx), 1)}, snap_c, gens)
         state = None  # phase 2 starts fresh from C's conv1
+    elif state is not None and "d" not in state:
+        # resumed from the checkpoint of phase 1's last step (step == t1): only C exists yet
+        c_net.load_state_dict(state["c"])
+        state = None
 
     # ---- phase 2: D and G (Alg. 1 lines 5-16) -------------------------------------------------------
     d_net = DpafNet(shape, layers, out_dim=1, num_classes_in=k, **net_kw).to(dev)
@@ -140,6 +149,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     opt_head = torch.optim.Adam(d_net.head.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas))
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
     if state:
+        set_rng_state(run.resume_state["rng"])  # as above: the fresh D/G init drew from the restored RNG
         d_net.load_state_dict(state["d"])
         g_net.load_state_dict(state["g"])
         opt_d2.original_optimizer.load_state_dict(state["opt_d2"])
@@ -149,6 +159,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     sens = d_net.sensitivity
     log.info("dpaf phase 2: %d groups of mu=%d batches, rho=%.5f, DPAGG z3=%.4f (sensitivity %.4g), conv2* z2=%.4f",
              groups, mu, budget.rho, z3, sens, z2)
+
+    ms_weight = float(hp.get("mode_seeking", 0.0))
 
     def fake(m: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.randint(0, k, (m,), generator=gens["fake"], device=dev)
@@ -184,9 +196,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                 loss_d2 = conv2_step(d_net, gsm, opt_d2, x_all, y_all, subs, idx, fake, bsz, paper, eps_sin)
             if "G" in ups:  # L''_BCE through D̂ (no aggregation), line 15
                 opt_g.zero_grad(set_to_none=True)
-                xf, yf = fake(bsz)
-                loss_g = F.binary_cross_entropy_with_logits(d_net.score(d_net.features(xf, yf, eps_sin)),
-                                                            torch.ones(bsz, device=dev))
+                loss_g = generator_loss(g_net, d_net, bsz, k, ms_weight, gens["fake"], eps_sin)
                 loss_g.backward()
                 opt_g.step()
         step += 1
@@ -194,6 +204,29 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                       snap_d, gens)
     run.finish(step, snap_d(), gens)
     return g_net.eval()
+
+
+def generator_loss(g_net: CondGenerator, d_net: DpafNet, bsz: int, k: int, ms_weight: float,
+                   gen: torch.Generator, eps: float) -> torch.Tensor:
+    """L''_BCE of G through D̂ (Alg. 1 line 15), plus, if ``ms_weight`` > 0, the mode-seeking term of MSGAN
+    (Mao et al. 2019, Eq. 3) as in dpgen.dpgan: pairs of codes with the same label, rewarding
+    |G(z1,y) − G(z2,y)| / |z1 − z2| against per-class mode collapse. G's loss touches no private data
+    directly (D̂ is already private), so the term is post-processing and costs no budget."""
+    dev = next(g_net.parameters()).device
+    if ms_weight <= 0:
+        y = torch.randint(0, k, (bsz,), generator=gen, device=dev)
+        z = torch.randn(bsz, g_net.z_dim, generator=gen, device=dev)
+    else:
+        half = max(1, bsz // 2)
+        y = torch.randint(0, k, (half,), generator=gen, device=dev).repeat(2)
+        z = torch.randn(2 * half, g_net.z_dim, generator=gen, device=dev)
+    x = g_net(z, y)
+    loss = F.binary_cross_entropy_with_logits(d_net.score(d_net.features(x, y, eps)), torch.ones(len(y), device=dev))
+    if ms_weight > 0:
+        dx = (x[:half] - x[half:]).abs().flatten(1).mean(1)
+        dz = (z[:half] - z[half:]).abs().mean(1)
+        loss = loss + ms_weight / ((dx / dz).mean() + 1e-5)
+    return loss
 
 
 def conv2_step(d_net: DpafNet, gsm: GradSampleModule, opt: CompressedDPOptimizer, x_all: torch.Tensor,
