@@ -31,6 +31,14 @@ class FetaGenerator(ReleasedGenerator):
             raise DpgenError(f"the UNet needs square images, got {h}x{w}")
         self.net = EDMDenoiser(UNet(c, h, int(num_classes), **unet))
 
+    #: images per sampler call. The caller hands over up to 1000 labels at a time; on a CPU the UNet's
+    #: activations for 1000 images leave the cache and one network evaluation costs ~2x more per image
+    #: than in pieces of 100 (measured for the quick nf-8 UNet, 1 thread: 4.3 vs 2.3 ms per image).
+    chunk = 100
+
     def generate(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        x = sample(self.net, labels, self.sample_shape, generator, null_label=self.num_classes, **self.init_kwargs["sampler"])
+        """Run the sampler on ``labels`` in pieces of :attr:`chunk` (the same generator stream, in order)."""
+        parts = [sample(self.net, labels[i:i + self.chunk], self.sample_shape, generator, null_label=self.num_classes,
+                        **self.init_kwargs["sampler"]) for i in range(0, labels.shape[0], self.chunk)]
+        x = torch.cat(parts) if parts else torch.empty(0, *self.sample_shape, device=labels.device)
         return ((x + 1) / 2).clamp(0, 1)
