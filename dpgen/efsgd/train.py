@@ -41,7 +41,7 @@ from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
 from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, check_ensemble_hparams, classifier_phase,
-                              critic_phase, ema_update, pretrain)
+                              critic_phase, ema_update, generator_lr, pretrain)
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
@@ -191,7 +191,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                        bool(hp.noise_injection), float(hp.sigma_noise))
     g_net = make_gen().to(dev)
     g_ema = copy.deepcopy(g_net)
-    opt_g = torch.optim.Adam(g_net.parameters(), lr=lr, betas=betas)
+    opt_g = torch.optim.Adam(g_net.parameters(), lr=generator_lr(hp), betas=betas)
     disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, K, gens["init"], dev)
     clf_init_fn = partial(clf_init, ncls, shape, int(hp.d_width))
     clf = NetStack(clf_init_fn, sn_init, 1, gens["init"], dev)

@@ -1,0 +1,48 @@
+"""gswgan / dpac / efsgd configs: profile=paper keeps the published values, profile=quick is shared.
+
+efsgd builds on dpac and gswgan is dpac with beta=1, so the three quick profiles must agree on every
+GS-WGAN key; a drift between them would make the sweep's method comparison unfair.
+"""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from dpgen.core.config import register_resolvers
+from dpgen.core.methods import CONFIG_DIR
+from dpgen.dpac.train import generator_lr
+
+SHARED = ("num_discriminators", "iters", "batch_size", "critic_iters", "pretrain_iters", "pretrain_chunk", "gp_weight",
+          "drift", "lr", "g_lr", "betas", "ema", "z_dim", "g_width", "d_width", "clip")
+
+
+def _hp(method: str, *overrides: str):
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"method={method}", "dataset=fmnist", *overrides])
+    return OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True)
+
+
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+def test_shared_keys_agree_across_gswgan_dpac_efsgd(profile):
+    hps = {m: _hp(m, f"profile={profile}") for m in ("gswgan", "dpac", "efsgd")}
+    for key in SHARED:
+        assert hps["gswgan"][key] == hps["dpac"][key] == hps["efsgd"][key], key
+
+
+def test_paper_profile_keeps_the_published_values():
+    hp = _hp("dpac", "profile=paper")
+    assert (hp["num_discriminators"], hp["iters"], hp["critic_iters"], hp["pretrain_iters"]) == (1000, 20000, 5, 2000)
+    assert hp["lr"] == hp["g_lr"] == 1e-4 and hp["ema"] == 0.999 and hp["batch_size"] == 32
+
+
+def test_quick_profile_uses_a_larger_generator_lr():
+    hp = _hp("gswgan")
+    assert generator_lr(OmegaConf.create(hp)) == hp["g_lr"] > hp["lr"]
+
+
+def test_generator_lr_falls_back_to_lr():
+    assert generator_lr(OmegaConf.create({"lr": 3e-4})) == 3e-4
+    assert generator_lr(OmegaConf.create({"lr": 3e-4, "g_lr": None})) == 3e-4
+    assert generator_lr(OmegaConf.create({"lr": 3e-4, "g_lr": 1e-3})) == 1e-3
