@@ -1,9 +1,12 @@
-"""Time one G-PATE iteration's teacher work with n teachers: batched (vmap) vs a per-teacher loop.
+"""Time one G-PATE iteration's teacher work with n teachers: batched ensemble vs a per-teacher loop.
 
 One iteration = one teacher training step on (real, fake) + every teacher's ∂L/∂x on the fake
 batch (what DPGradAgg consumes).  Both variants run in this process on the same parameters.
+The batched variant is TeacherEnsemble (grouped convolutions / bmm); ``--vmap`` also times the
+older torch.func.vmap path on the same ensemble.  The loop costs the same for every teacher, so
+with ``--loop-teachers m < n`` only m teachers are looped and the time is scaled by n/m (printed).
 
-    python bench/gpate_ensemble.py --teachers 2000 --batch 30 [--device cpu] [--threads 1]
+    python bench/gpate_ensemble.py --teachers 2000 --batch 30 [--device cpu] [--threads 1] [--loop-teachers 200]
 """
 from __future__ import annotations
 
@@ -21,6 +24,14 @@ def batched_iteration(ens: TeacherEnsemble, xr, yr, w, xf, yf) -> None:
     ens.train_step(xr, yr, w, xf, yf)
     for _ in ens.input_grads_chunks(xf, yf):
         pass
+
+
+def vmap_iteration(ens: TeacherEnsemble, xr, yr, w, xf, yf) -> None:
+    ens.use_stacked = False  # TeacherEnsemble.forward then takes its torch.func.vmap fallback
+    try:
+        batched_iteration(ens, xr, yr, w, xf, yf)
+    finally:
+        ens.use_stacked = True
 
 
 def looped_iteration(teachers, opts, xr, yr, xf, yf) -> None:
@@ -55,14 +66,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--loop-teachers", type=int, default=0, help="loop over only this many teachers and scale (0: all)")
+    ap.add_argument("--vmap", action="store_true", help="also time the torch.func.vmap path")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     make = lambda: TeacherCNN(10, [1, 28, 28], df_dim=a.df_dim, dfc_dim=a.dfc_dim)  # noqa: E731
     ens = TeacherEnsemble(make, a.teachers, dev, chunk=a.chunk or None, seed=0)
+    n_loop = min(a.loop_teachers or a.teachers, a.teachers)
     teachers = []
-    for i in range(a.teachers):
+    for i in range(n_loop):
         t = make().to(dev)
         t.load_state_dict(ens.teacher_params(i))
         teachers.append(t)
@@ -74,10 +88,15 @@ def main() -> None:
     xf = torch.rand(a.batch, 1, 28, 28, generator=g, device=dev)
     yf = torch.randint(0, 10, (a.batch,), generator=g, device=dev)
     tb = timed(lambda: batched_iteration(ens, xr, yr, w, xf, yf), a.reps)
-    tl = timed(lambda: looped_iteration(teachers, opts, xr, yr, xf, yf), a.reps)
-    print(f"teachers={a.teachers} batch={a.batch} device={dev} threads={torch.get_num_threads()} "
-          f"params/teacher={ens.num_params // a.teachers}")
-    print(f"batched: {tb:.3f} s/iteration   looped: {tl:.3f} s/iteration   ratio looped/batched: {tl / tb:.1f}x")
+    tl = timed(lambda: looped_iteration(teachers, opts, xr, yr, xf, yf), a.reps) * a.teachers / n_loop
+    print(f"teachers={a.teachers} batch={a.batch} df={a.df_dim} dfc={a.dfc_dim} chunk={a.chunk or a.teachers} "
+          f"device={dev} threads={torch.get_num_threads()} params/teacher={ens.num_params // a.teachers}")
+    scaled = f" (timed {n_loop} teachers, scaled x{a.teachers / n_loop:g})" if n_loop < a.teachers else ""
+    print(f"batched: {tb:.3f} s/iteration   looped: {tl:.3f} s/iteration{scaled}   "
+          f"ratio looped/batched: {tl / tb:.1f}x")
+    if a.vmap:
+        tv = timed(lambda: vmap_iteration(ens, xr, yr, w, xf, yf), a.reps)
+        print(f"vmap: {tv:.3f} s/iteration   ratio looped/vmap: {tl / tv:.1f}x")
 
 
 if __name__ == "__main__":

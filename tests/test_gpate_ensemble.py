@@ -143,3 +143,23 @@ def test_paper_accounting_and_credit_prior(tmp_path):
     assert gen.init_kwargs["class_prior"] is not None and abs(sum(gen.init_kwargs["class_prior"]) - 1) < 1e-9
     x, _ = gen.sample(5)
     assert x.shape == (5, 6) and torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_stacked_forward_matches_the_vmap_path_and_the_module(shared):
+    """Grouped-conv ``stacked_forward`` (with the per-class label-map responses) == vmap(functional_call)."""
+    torch.manual_seed(2)
+    make = lambda: TeacherCNN(4, [2, 9, 9], df_dim=3, dfc_dim=5)  # noqa: E731  odd size: border effects matter
+    ens = TeacherEnsemble(make, 3, torch.device("cpu"), seed=0)
+    if shared:
+        x, y = torch.rand(6, 2, 9, 9), torch.randint(0, 4, (6,))
+    else:  # per-teacher inputs AND labels: each teacher must read its own class responses
+        x, y = torch.rand(3, 6, 2, 9, 9), torch.randint(0, 4, (3, 6))
+    fast = ens.forward(ens.params, x, y, shared_input=shared)
+    ens.use_stacked = False
+    slow = ens.forward(ens.params, x, y, shared_input=shared)
+    t = make()
+    ref = torch.stack([functional_call(t, ens.teacher_params(i), (x if shared else x[i], y if shared else y[i]))
+                       for i in range(3)])
+    torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(slow, ref, rtol=1e-4, atol=1e-5)

@@ -1,7 +1,10 @@
-"""The teacher ensemble as ONE batched model (stacked parameters + ``torch.func.vmap``).
+"""The teacher ensemble as ONE batched model (stacked parameters, grouped convolutions).
 
 All n teachers share one architecture; their parameters are stacked along a new leading axis
-(``torch.func.stack_module_state``) and ``vmap(functional_call(...))`` evaluates them together.
+(``torch.func.stack_module_state``).  Teacher classes with a ``stacked_forward`` (both of
+:mod:`dpgen.gpate.nets`) evaluate all teachers with grouped convolutions and batched matmuls;
+any other module falls back to ``vmap(functional_call(...))``, which on CPU is much slower
+(vmap's conv2d batching rule; bench/gpate_ensemble.py measured it at 0.7x a Python loop).
 To bound memory (4000 teachers on one GPU, or a 2-core CPU) the teacher axis is processed in
 chunks of ``chunk`` teachers: a loop over chunks, never over teachers.  Adam is elementwise, so
 one Adam over the stacked tensors equals n independent Adams (official: lr 1e-3, β1 0.5).
@@ -42,6 +45,7 @@ class TeacherEnsemble:
             done += len(group)
         self.params = {k: torch.cat(v).to(device) for k, v in params.items()}
         self.lr, self.betas, self.adam_t = float(lr), tuple(betas), 0
+        self.use_stacked = True  # False forces the vmap path (benchmark / tests)
         self.m = {k: torch.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: torch.zeros_like(v) for k, v in self.params.items()}
 
@@ -51,6 +55,9 @@ class TeacherEnsemble:
 
     def forward(self, p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, shared_input: bool) -> torch.Tensor:
         """Logits (n_chunk, b) of a chunk of teachers; x (b, ...) shared by all, or (n_chunk, b, ...) per teacher."""
+        stacked = getattr(self.base, "stacked_forward", None) if self.use_stacked else None
+        if stacked is not None:  # the base lives on "meta": only its hyper-parameters (K, eps) are read
+            return stacked(p, x, y, shared_input)
         dims = (0, None, None) if shared_input else (0, 0, 0)
         return vmap(self._forward_one, in_dims=dims)(p, x, y)
 
