@@ -6,7 +6,8 @@ of the K per-draw gradients (DPDM's noise multiplicity: averaging happens BEFORE
 record still contributes one vector of norm ≤ C and the privacy cost is unchanged), it is clipped
 to C, the clipped vectors are summed over all micro-batches, Gaussian noise N(0, σ²C²I) is added
 ONCE, and the result is divided by the expected batch size B* (Eq. 9).
-Per-sample gradients come from opacus' GradSampleModule hooks (all UNet layers are supported).
+Per-record gradients come from torch.func (``backend="torch_func"``, the default: faster for the UNet in
+bench/dpsgd_overhead.py) or from opacus' GradSampleModule hooks (``backend="opacus"``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from typing import Callable
 
 import torch
 from opacus import GradSampleModule
+
+from dpgen.nets.edm import edm_draws, edm_loss_at
+from dpgen.privacy.per_sample import per_record_grads
 
 
 def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -38,17 +42,49 @@ def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, tor
         with warnings.catch_warnings():  # opacus' full backward hooks warn when the input needs no grad
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             (losses.sum() / k).backward()
-        per_sample = [p.grad_sample.reshape(m, k, *p.shape).sum(1) for p in params]
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample))
-        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
-        for a, g in zip(acc, per_sample):
-            a.add_(torch.einsum("i,i...->...", factor, g))
+        add_clipped(acc, [p.grad_sample.reshape(m, k, *p.shape).sum(1) for p in params], clip)
         for p in params:
             p.grad_sample = None
             p.grad = None
         loss_total += float(losses.detach().sum())
         rows += losses.shape[0]
     return acc, loss_total / max(rows, 1)
+
+
+def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, multiplicity: int,
+                          clip: float, micro_batch: int, generator: torch.Generator) -> tuple[list[torch.Tensor], float]:
+    """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
+
+    The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
+    the mean over its K rows, so vmap(grad) returns the K-averaged gradient before clipping directly.
+    """
+    params = [p for p in denoiser.parameters() if p.requires_grad]
+    acc = [torch.zeros_like(p) for p in params]
+    k = int(multiplicity)
+    loss_total, rows = 0.0, 0
+
+    def record_loss(call, xr, yr, sr, nr):
+        return edm_loss_at(call, xr, yr, sr, nr).mean()
+
+    for s in range(0, x.shape[0], max(1, int(micro_batch))):
+        xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
+        m = xb.shape[0]
+        xr, yr = xb.repeat_interleave(k, 0), yb.repeat_interleave(k, 0)
+        sigma, noise = edm_draws(xr, generator)
+        grads, losses = per_record_grads(denoiser, record_loss, (
+            xr.reshape(m, k, *xb.shape[1:]), yr.reshape(m, k), sigma.reshape(m, k), noise.reshape(m, k, *xb.shape[1:])))
+        add_clipped(acc, grads, clip)
+        loss_total += float(losses.sum()) * k
+        rows += m * k
+    return acc, loss_total / max(rows, 1)
+
+
+def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: float) -> None:
+    """acc += Σ_i g_i·min(1, C/‖g_i‖) with ‖g_i‖ the norm over ALL parameters of record i (flat clipping)."""
+    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
+    factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+    for a, g in zip(acc, per_record):
+        a.add_(torch.einsum("i,i...->...", factor, g))
 
 
 def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,

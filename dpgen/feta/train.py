@@ -17,7 +17,7 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import poisson_batch, query_central
-from dpgen.feta.dpsgd import clipped_grad_sum, set_noisy_grads
+from dpgen.feta.dpsgd import clipped_grad_sum, clipped_grad_sum_func, set_noisy_grads
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -72,6 +72,8 @@ def _check(hp: DictConfig, n: int) -> None:
             raise DpgenError(f"feta.{key} must be positive, got {hp[key]}")
     if float(hp.clip) <= 0:
         raise DpgenError(f"feta.clip must be > 0, got {hp.clip}")
+    if str(hp.get("grad_backend", "torch_func")) not in ("torch_func", "opacus"):
+        raise DpgenError(f"feta.grad_backend must be torch_func or opacus, got {hp.grad_backend!r}")
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> FetaGenerator:
@@ -139,8 +141,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         run.step_done(step, {"loss_warm": loss.item()}, snapshot, gens)
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
-    gsm = GradSampleModule(model.net, loss_reduction="sum")
-    params = [p for p in gsm.parameters() if p.requires_grad]
+    backend = str(hp.get("grad_backend", "torch_func"))
+    gsm = GradSampleModule(model.net, loss_reduction="sum") if backend == "opacus" else None
+    params = [p for p in model.net.parameters() if p.requires_grad]
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("feta: DP-SGD q=%.5f sigma=%.4f clip=%g K=%d, %d steps allowed (planned %d)", q, sigma, hp.clip,
              int(hp.multiplicity), guard.remaining, int(hp.iters))
@@ -155,7 +158,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         idx = poisson_batch(n, q, gens["sample"], dev)
         xb = x_all[idx] * 2 - 1
         yb = drop_labels(y_all[idx], drop, null, gens["loss"])
-        sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), int(hp.micro_batch))
+        if gsm is None:
+            sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),
+                                               int(hp.micro_batch), gens["loss"])
+        else:
+            sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip),
+                                          int(hp.micro_batch))
         set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -163,6 +171,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         ema_update(ema, model, ema_decay)
         step += 1
         run.step_done(step, {"loss": loss, "batch": float(len(idx))}, snapshot, gens)
-    gsm.remove_hooks()
+    if gsm is not None:
+        gsm.remove_hooks()
     run.finish(step, snapshot(), gens)
     return ema.eval()

@@ -33,6 +33,23 @@ class EDMDenoiser(nn.Module):
         return c_skip * x + c_out * self.net(c_in * x, c_noise, labels)
 
 
+def edm_draws(x: torch.Tensor, generator: torch.Generator | None, p_mean: float = -1.2,
+              p_std: float = 1.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss's randomness: ln σ ~ N(p_mean, p_std²) per row and n ~ N(0, σ²I) (EDM Table 1)."""
+    sigma = (torch.randn(x.shape[0], generator=generator, device=x.device) * p_std + p_mean).exp()
+    noise = torch.randn(x.shape, generator=generator, device=x.device) * sigma.reshape(-1, 1, 1, 1)
+    return sigma, noise
+
+
+def edm_loss_at(denoiser, x: torch.Tensor, labels: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor,
+                sigma_data: float = SIGMA_DATA) -> torch.Tensor:
+    """λ(σ)·mean‖D(x+n; σ) − x‖² per row for given draws (EDM Eq. 2); pure, so torch.func can vmap it."""
+    sd = float(sigma_data)
+    weight = (sigma ** 2 + sd ** 2) / (sigma * sd) ** 2
+    err = (denoiser(x + noise, sigma, labels) - x) ** 2
+    return weight * err.flatten(1).mean(1)
+
+
 def edm_loss(denoiser: nn.Module, x: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None,
              p_mean: float = -1.2, p_std: float = 1.2, sigma_data: float = SIGMA_DATA) -> torch.Tensor:
     """Per-example EDM loss λ(σ)·mean‖D(x+n; σ) − x‖² with ln σ ~ N(p_mean, p_std²) (EDM Eq. 2, Table 1).
@@ -40,13 +57,8 @@ def edm_loss(denoiser: nn.Module, x: torch.Tensor, labels: torch.Tensor, generat
     ``x`` in [−1, 1]; returns a vector with one loss per row (pixel-averaged). ``denoiser`` may be an
     :class:`EDMDenoiser` wrapped by opacus, hence ``sigma_data`` is passed explicitly.
     """
-    n = x.shape[0]
-    sigma = (torch.randn(n, generator=generator, device=x.device) * p_std + p_mean).exp()
-    noise = torch.randn(x.shape, generator=generator, device=x.device) * sigma.reshape(-1, 1, 1, 1)
-    sd = float(sigma_data)
-    weight = (sigma ** 2 + sd ** 2) / (sigma * sd) ** 2
-    err = (denoiser(x + noise, sigma, labels) - x) ** 2
-    return weight * err.flatten(1).mean(1)
+    sigma, noise = edm_draws(x, generator, p_mean, p_std)
+    return edm_loss_at(denoiser, x, labels, sigma, noise, sigma_data)
 
 
 def edm_sigma_grid(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0,

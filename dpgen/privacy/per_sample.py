@@ -1,0 +1,36 @@
+"""Per-record gradients with torch.func (vmap of grad over a functional call of the module).
+
+The alternative backend to opacus' GradSampleModule hooks. bench/dpsgd_overhead.py measures both side
+by side; methods pick the faster one per network (README, Performance).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+
+def per_record_grads(module: nn.Module, record_loss: Callable[..., torch.Tensor],
+                     batch: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """∇_θ record_loss(call, *record) for every record (dim 0 of each tensor in ``batch``).
+
+    ``record_loss(call, *record)`` gets ``call(*args)`` = the module's forward with the current
+    parameters and one record's slices (each record may hold several rows, e.g. K noise draws), and
+    returns a scalar. Returns the per-record gradients of the trainable parameters, in
+    ``module.parameters()`` order, each of shape (records, *param.shape), and the per-record losses.
+    """
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    train = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
+    buffers = dict(module.named_buffers())
+
+    def loss_of(params: dict, *record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def call(*args):
+            return functional_call(module, ({**params, **frozen}, buffers), args)
+        loss = record_loss(call, *record)
+        return loss, loss.detach()
+
+    grads, losses = vmap(grad(loss_of, has_aux=True), in_dims=(None,) + (0,) * len(batch))(train, *batch)
+    return [grads[n] for n in names], losses
