@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import hydra
@@ -24,11 +23,6 @@ from dpgen.errors import DpgenError
 
 log = logging.getLogger("dpgen")
 register_resolvers()
-# dp-accounting logs "failed to converge ... excluding this order" for some RDP orders; the
-# excluded orders only make the bound looser, never invalid, so keep them out of the console.
-logging.getLogger("absl").setLevel(logging.ERROR)
-# opacus' hooks warn whenever a module's input does not require grad (real images): expected.
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 def _remove_fresh_run_dir(run_dir: Path) -> None:

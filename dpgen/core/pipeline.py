@@ -27,6 +27,17 @@ from dpgen.privacy import PrivacyLedger, check_delta, check_epsilon
 log = logging.getLogger("dpgen")
 
 
+def quiet_known_noise() -> None:
+    """Silence two known-harmless messages in every process that trains (sweep workers too, which do not
+    run scripts/train.py's module code): dp-accounting's "failed to converge ... excluding this order"
+    (an excluded RDP order only loosens the bound) and opacus' full-backward-hook warning on real images
+    (their inputs need no gradient)."""
+    import warnings
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,6 +100,7 @@ def save_sample_grid(gen: ReleasedGenerator, path: Path, per_class: int, seed: i
 
 def run_training(cfg: DictConfig, run_dir: Path) -> dict:
     """Train, release and evaluate. Returns the metrics dict."""
+    quiet_known_noise()
     validate(cfg)
     device = resolve_device(str(cfg.device))
     set_threads(cfg.get("threads"))
