@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 from functools import partial
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -93,15 +94,22 @@ def classifier_start(hp: DictConfig) -> int | None:
     return int(hp.classifier.start)
 
 
-def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None) -> float:
-    """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε."""
+def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None,
+               entries: Callable[[float], list] | None = None) -> float:
+    """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε.
+
+    ``entries(z)`` gives the ledger entries of all iterations at z (default: dpac's
+    :func:`iteration_entries`; efsgd passes its own, which also count the encoder paths).
+    """
     if hp.noise_multiplier is not None:
         return float(hp.noise_multiplier)
     b, t = int(hp.batch_size), int(hp.iters)
     if ledger.accounting == "paper":
         return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon)
-    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
-                                      lambda z: iteration_entries(z, k, b, t, c_start),
+    if entries is None:
+        def entries(z: float) -> list:
+            return iteration_entries(z, k, b, t, c_start)
+    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta, entries,
                                       base=ledger.entries, accountant=ledger.accountant)
 
 

@@ -36,17 +36,18 @@ from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
-from dpgen.dpac.accounting import paper_max_iters, paper_noise_multiplier
+from dpgen.dpac.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
 from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, check_ensemble_hparams, classifier_phase,
                               critic_phase, ema_update, generator_lr, pretrain)
+from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
 from dpgen.errors import DpgenError
-from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier, clip_rows
+from dpgen.privacy import PrivacyLedger, clip_rows
 
 log = logging.getLogger("dpgen")
 
@@ -110,15 +111,10 @@ def recon_on(hp: DictConfig) -> bool:
 
 def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None, recon: bool,
                private_code: bool) -> float:
-    """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε."""
-    if hp.noise_multiplier is not None:
-        return float(hp.noise_multiplier)
+    """dpac's noise plan with efsgd's per-iteration entries (the encoder paths and code release count too)."""
     b, t = int(hp.batch_size), int(hp.iters)
-    if ledger.accounting == "paper":
-        return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon)
-    return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
-                                      lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code),
-                                      base=ledger.entries, accountant=ledger.accountant)
+    return dpac_plan_noise(hp, ledger, k, c_start,
+                           lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code))
 
 
 def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, code_clip: float, code_std: float,
