@@ -57,18 +57,15 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
 
     register_resolvers()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    _check_groups(overrides)
     if config_name == "train":
         try:
-            overrides = overrides + _config_sweeps(overrides, config_name)
+            swept = _config_sweeps(overrides, config_name)
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
             raise DpgenError(f"bad config: {first}") from None
-    for group in ("method", "dataset", "eval", "profile"):
-        for a in overrides:
-            if a.split("=", 1)[0] == group:
-                for value in a.split("=", 1)[1].split(","):
-                    if value not in available(group):
-                        raise DpgenError(f"unknown {group} {value!r}; choose one of {', '.join(available(group))}")
+        _check_groups(swept)
+        overrides = overrides + swept
     try:
         variants = _override_variants([a for a in overrides if not a.startswith("hydra")])
     except Exception as exc:  # noqa: BLE001 - Hydra's parse errors
@@ -86,6 +83,16 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
         if config_name == "train":
             validate(cfg)
             _check_inputs(cfg)
+
+
+def _check_groups(overrides: list[str]) -> None:
+    """Every value given to a config group (also inside a sweep) names an existing config."""
+    for group in ("method", "dataset", "eval", "profile"):
+        for a in overrides:
+            if a.split("=", 1)[0] == group:
+                for value in a.split("=", 1)[1].split(","):
+                    if value not in available(group):
+                        raise DpgenError(f"unknown {group} {value!r}; choose one of {', '.join(available(group))}")
 
 
 def _config_sweeps(overrides: list[str], config_name: str) -> list[str]:
