@@ -240,6 +240,41 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
                      hp.classifier.order, float(hp.gp_weight), lr, betas)
 
 
+class EnsembleSetup:
+    """What GS-WGAN/DPAC and EFSGD build identically: the seeded RNG streams, the K partitions, G with its
+    EMA copy and optimiser, the discriminator ensemble and the classifier (in this order, which fixes
+    the random initialisation)."""
+
+    def __init__(self, hp: DictConfig, data: ImageDataset, run: Run, make_gen: Callable[[], torch.nn.Module]) -> None:
+        dev, ncls, shape = run.device, data.num_classes, list(data.shape)
+        self.gens = {"init": run.torch_generator(11), "data": run.torch_generator(12),
+                     "noise": run.torch_generator(13), "gen": run.torch_generator(14)}
+        self.parts = Partitions(partition_by_record(data.train.x, int(hp.num_discriminators), run.seed), dev)
+        self.make_gen = make_gen
+        self.g_net = make_gen().to(dev)
+        self.g_ema = copy.deepcopy(self.g_net)
+        self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
+        self.disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, int(hp.num_discriminators),
+                             self.gens["init"], dev)
+        self.clf_init = partial(clf_init, ncls, shape, int(hp.d_width))
+        self.clf = NetStack(self.clf_init, sn_init, 1, self.gens["init"], dev)
+
+    def state_dict(self) -> dict:
+        return {"g": self.g_net.state_dict(), "g_ema": self.g_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
+                "disc": self.disc.state_dict(), "clf": self.clf.state_dict()}
+
+    def resume_or_pretrain(self, state: dict | None, run: Run, x_all: torch.Tensor, y_all: torch.Tensor,
+                           hp: DictConfig, ncls: int) -> None:
+        """Restore a checkpoint's networks and RNG streams, or pre-train the discriminators (fresh run)."""
+        if state:
+            for key, obj in (("g", self.g_net), ("g_ema", self.g_ema), ("opt_g", self.opt_g), ("disc", self.disc),
+                             ("clf", self.clf)):
+                obj.load_state_dict(state[key])
+            run.restore_generators(self.gens)
+        else:
+            pretrain(self.disc, self.parts, x_all, y_all, self.make_gen, hp, self.gens["data"], ncls)
+
+
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
     dev = run.device
     x_all, y_all = image_train_tensors(data, dev, "dpac/gswgan")
@@ -248,16 +283,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
     c_start = classifier_start(hp)
     betas = tuple(hp.betas)
-    gens = {"init": run.torch_generator(11), "data": run.torch_generator(12), "noise": run.torch_generator(13),
-            "gen": run.torch_generator(14)}
-    parts = Partitions(partition_by_record(data.train.x, K, run.seed), dev)
-    make_gen = partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width))
-    g_net = make_gen().to(dev)
-    g_ema = copy.deepcopy(g_net)
-    opt_g = torch.optim.Adam(g_net.parameters(), lr=generator_lr(hp), betas=betas)
-    disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, K, gens["init"], dev)
-    clf_init_fn = partial(clf_init, ncls, shape, int(hp.d_width))
-    clf = NetStack(clf_init_fn, sn_init, 1, gens["init"], dev)
+    base = EnsembleSetup(hp, data, run, partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width)))
+    gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
+    disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
 
     state = run.resume_state["state"] if run.resume_state else None
     z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start)
@@ -266,15 +294,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
         if note not in ledger.notes:  # a resumed ledger already carries them
             ledger.notes.append(note)
-    if state:
-        g_net.load_state_dict(state["g"])
-        g_ema.load_state_dict(state["g_ema"])
-        opt_g.load_state_dict(state["opt_g"])
-        disc.load_state_dict(state["disc"])
-        clf.load_state_dict(state["clf"])
-        run.restore_generators(gens)
-    else:
-        pretrain(disc, parts, x_all, y_all, make_gen, hp, gens["data"], ncls)
+    base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
     san_d = Sanitizer(float(hp.clip), z_noise, gens["noise"])
     san_c = Sanitizer(float(hp.clip), z_noise, gens["noise"])
     zp = z_noise / math.sqrt(B)
@@ -285,8 +305,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
              c_start, ledger.accounting)
 
     def snapshot() -> dict:
-        return {"g": g_net.state_dict(), "g_ema": g_ema.state_dict(), "opt_g": opt_g.state_dict(),
-                "disc": disc.state_dict(), "clf": clf.state_dict(), "noise_multiplier": z_noise}
+        return {**base.state_dict(), "noise_multiplier": z_noise}
 
     def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if y is None:

@@ -24,7 +24,6 @@ stay in this function and in the private checkpoint.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from functools import partial
@@ -34,14 +33,13 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.ensemble import NetStack
-from dpgen.dpac.nets import clf_forward, clf_init, disc_forward, disc_init, power_iteration, sn_init
-from dpgen.dpac.train import (PRETRAIN_NOTE, IterationBudget, Partitions, check_ensemble_hparams, classifier_phase,
-                              critic_phase, ema_update, generator_lr, pretrain)
+from dpgen.dpac.nets import clf_forward, disc_forward, power_iteration, sn_init
+from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_ensemble_hparams,
+                              classifier_phase, critic_phase, ema_update)
 from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
@@ -180,17 +178,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     c_start, recon = classifier_start(hp), recon_on(hp)
     private_code = hp.encoder.code == "private"
     betas, lr = tuple(hp.betas), float(hp.lr)
-    gens = {"init": run.torch_generator(11), "data": run.torch_generator(12), "noise": run.torch_generator(13),
-            "gen": run.torch_generator(14)}
-    parts = Partitions(partition_by_record(data.train.x, K, run.seed), dev)
-    make_gen = partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width),
-                       bool(hp.noise_injection), float(hp.sigma_noise))
-    g_net = make_gen().to(dev)
-    g_ema = copy.deepcopy(g_net)
-    opt_g = torch.optim.Adam(g_net.parameters(), lr=generator_lr(hp), betas=betas)
-    disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, K, gens["init"], dev)
-    clf_init_fn = partial(clf_init, ncls, shape, int(hp.d_width))
-    clf = NetStack(clf_init_fn, sn_init, 1, gens["init"], dev)
+    base = EnsembleSetup(hp, data, run, partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim),
+                                                int(hp.g_width), bool(hp.noise_injection), float(hp.sigma_noise)))
+    gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
+    disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
     enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev)
            if recon else None)
 
@@ -212,19 +203,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
            "e": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, float(hp.gamma_recon), gens["noise"])}
     code_clip = float(hp.encoder.code_clip)
     code_std = 2.0 * code_clip * z_noise
+    base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
     if state:
-        g_net.load_state_dict(state["g"])
-        g_ema.load_state_dict(state["g_ema"])
-        opt_g.load_state_dict(state["opt_g"])
-        disc.load_state_dict(state["disc"])
-        clf.load_state_dict(state["clf"])
         if enc is not None:
             enc.load_state_dict(state["enc"])
         for name, s in san.items():
             s.load_state_dict(state["errors"][name])
-        run.restore_generators(gens)
-    else:
-        pretrain(disc, parts, x_all, y_all, make_gen, hp, gens["data"], ncls)
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
@@ -235,9 +219,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
              c_start, ledger.accounting)
 
     def snapshot() -> dict:
-        return {"g": g_net.state_dict(), "g_ema": g_ema.state_dict(), "opt_g": opt_g.state_dict(),
-                "disc": disc.state_dict(), "clf": clf.state_dict(),
-                "enc": enc.state_dict() if enc is not None else None,
+        return {**base.state_dict(), "enc": enc.state_dict() if enc is not None else None,
                 "errors": {k: s.state_dict() for k, s in san.items()}, "noise_multiplier": z_noise}
 
     def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
