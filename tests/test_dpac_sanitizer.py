@@ -17,6 +17,8 @@ from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.dpac.train import generator_step
 from dpgen.privacy import PrivacyLedger
 
+from conftest import in_memory_run
+
 SHAPE = [1, 28, 28]
 
 
@@ -92,12 +94,11 @@ TINY_HP = {"num_discriminators": 4, "iters": 4, "batch_size": 6, "critic_iters":
 
 
 def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
-    from dpgen.core.run import Run
     from dpgen.dpac import train
 
     hp = OmegaConf.merge(OmegaConf.create(TINY_HP), OmegaConf.create(over))
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=target, accounting=accounting)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(hp, _toy_data(), ledger, run)
     return gen, ledger
 

@@ -12,6 +12,8 @@ from dpgen.errors import DpgenError
 from dpgen.privacy import LedgerEntry, PrivacyLedger
 from dpgen.privacy.ledger import compute_epsilon
 
+from conftest import in_memory_run
+
 HP = {"layers": None, "width": 4, "fc_hidden": 8, "activation": "lrelu", "conv1": "transfer",
       "split": [0.5, None, 0.5], "split_unit": "eps", "batch_size": 20, "c_batch_size": 40, "mu": 2, "n_critic": 2,
       "c_epochs": 0.5, "d_epochs": 0.5, "clip_c": 1.0, "clip_d": 1.0, "gc_keep": 0.9, "sin_eps": 1e-5,
@@ -20,7 +22,6 @@ HP = {"layers": None, "width": 4, "fc_hidden": 8, "activation": "lrelu", "conv1"
 
 def _train(tmp_path, accounting: str, eps: float = 4.0, **over):
     from dpgen.core.config import register_resolvers
-    from dpgen.core.run import Run
     from dpgen.dpaf import train
 
     register_resolvers()
@@ -28,7 +29,7 @@ def _train(tmp_path, accounting: str, eps: float = 4.0, **over):
     split = Split(rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 200).astype(np.int64))
     data = ImageDataset("toy", split, split, [str(i) for i in range(10)])
     ledger = PrivacyLedger(delta=1e-4, target_epsilon=eps, accounting=accounting)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(OmegaConf.create({**HP, **over}), data, ledger, run)
     state = torch.load(run.checkpoint_path, weights_only=False)["state"]
     return gen, ledger, state

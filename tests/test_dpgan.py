@@ -14,6 +14,8 @@ from dpgen.dpgan.train import discriminator_step, poisson_batch
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.privacy import PrivacyLedger
 
+from conftest import in_memory_run
+
 
 def _private_d(sigma: float, clip: float, batch: int, seed: int = 0):
     torch.manual_seed(seed)
@@ -82,7 +84,6 @@ def test_poisson_batch_rate():
 
 def test_training_records_one_poisson_entry_per_step_and_meets_target(tmp_path):
     from dpgen.core.config import register_resolvers
-    from dpgen.core.run import Run
     from dpgen.dpgan import train
 
     register_resolvers()
@@ -92,7 +93,7 @@ def test_training_records_one_poisson_entry_per_step_and_meets_target(tmp_path):
     hp = OmegaConf.create({"iters": 5, "n_critic": 2, "batch_size": 40, "clip": 1.0, "noise_multiplier": None,
                            "lr_d": 2e-4, "lr_g": 2e-4, "mode_seeking": 1.0, "betas": [0.5, 0.999], "z_dim": 8, "g_width": 8, "d_width": 4})
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=4.0)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(hp, data, ledger, run)
     assert len(ledger.entries) == 1
     e = ledger.entries[0]

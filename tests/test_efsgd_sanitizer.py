@@ -19,6 +19,9 @@ from dpgen.efsgd.train import encoder_input, generator_step
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
 from dpgen.privacy.ledger import compute_epsilon
 
+from conftest import in_memory_run
+from test_dpac_sanitizer import TINY_HP as DPAC_TINY_HP
+
 SHAPE = [1, 28, 28]
 
 
@@ -125,25 +128,21 @@ def test_encoder_code_is_clipped_and_noised():
 
 # ---- ledger -------------------------------------------------------------------------------
 
-TINY_HP = {"num_discriminators": 4, "iters": 4, "batch_size": 6, "critic_iters": 1, "pretrain_iters": 2,
-           "pretrain_chunk": 4, "gp_weight": 10.0, "drift": 1e-3, "lr": 1e-4, "betas": [0.5, 0.9], "ema": 0.9,
-           "z_dim": 10, "g_width": 8, "d_width": 4, "clip": 1.0, "noise_multiplier": None,
+# dpac's tiny settings without β (EFSGD weights its paths with lambda_c / gamma_recon instead), plus EFSGD's keys
+TINY_HP = {**{k: v for k, v in DPAC_TINY_HP.items() if k != "beta"},
            "error_feedback": True, "C2": 2.0, "noise_injection": True, "sigma_noise": 0.1, "recon": True,
            "gamma_recon": 1.0, "lambda_c": 0.25,
-           "encoder": {"width": 4, "steps": 1, "kl_weight": 1e-3, "code": "private", "code_clip": 1.0},
-           "classifier": {"enabled": True, "start": 2, "n_fake": 1, "n_real": 1, "fake_batch": 10, "reinit": True,
-                          "order": "sequential"}}
+           "encoder": {"width": 4, "steps": 1, "kl_weight": 1e-3, "code": "private", "code_clip": 1.0}}
 
 
 def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
     from test_dpac_sanitizer import _toy_data
 
-    from dpgen.core.run import Run
     from dpgen.efsgd import train
 
     hp = OmegaConf.merge(OmegaConf.create(TINY_HP), OmegaConf.create(over))
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=target, accounting=accounting)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     return train(hp, _toy_data(), ledger, run), ledger, run
 
 

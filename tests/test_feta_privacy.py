@@ -15,6 +15,8 @@ from dpgen.feta.dpsgd import clipped_grad_sum, set_noisy_grads
 from dpgen.privacy import LedgerEntry, PrivacyLedger
 from dpgen.privacy.ledger import compute_epsilon
 
+from conftest import in_memory_run
+
 TINY = 1e-9  # a noise multiplier small enough to read the noise-free query
 
 
@@ -150,7 +152,6 @@ def _hp(**over):
 
 @pytest.mark.parametrize("central", ["mean", "mode", "none"])
 def test_ledger_is_central_queries_plus_dpsgd_and_meets_target(tmp_path, central):
-    from dpgen.core.run import Run
     from dpgen.data.base import ImageDataset, Split
     from dpgen.feta import train
 
@@ -158,7 +159,7 @@ def test_ledger_is_central_queries_plus_dpsgd_and_meets_target(tmp_path, central
     split = Split(rng.integers(0, 256, (300, 1, 8, 8), dtype=np.uint8), rng.integers(0, 3, 300).astype(np.int64))
     data = ImageDataset("toy", split, split, ["a", "b", "c"])
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(_hp(central=central), data, ledger, run)
     got = [(e.name, e.sampling, round(e.sampling_rate, 6), e.count) for e in ledger.entries]
     dpsgd = ("feta.dpsgd", "poisson", round(20 / 300, 6), 3)

@@ -10,6 +10,8 @@ from torch.func import functional_call
 from dpgen.gpate.ensemble import PartitionSampler, TeacherEnsemble, assign_teachers
 from dpgen.gpate.nets import TeacherCNN, TeacherMLP
 
+from conftest import in_memory_run
+
 
 def _loop_input_grads(ens: TeacherEnsemble, make, x, y):
     out = []
@@ -105,12 +107,11 @@ def _hp(**kw):
 
 
 def test_training_ledger_counts_match_queries_and_meet_the_target(tmp_path):
-    from dpgen.core.run import Run
     from dpgen.gpate import train
     from dpgen.privacy import PrivacyLedger
 
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=0.5)
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(_hp(), _toy(), ledger, run)
     (e,) = ledger.entries
     steps = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)["step"]
@@ -125,12 +126,11 @@ def test_training_ledger_counts_match_queries_and_meet_the_target(tmp_path):
 
 
 def test_paper_accounting_and_credit_prior(tmp_path):
-    from dpgen.core.run import Run
     from dpgen.gpate import train
     from dpgen.privacy import PrivacyLedger
 
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0, accounting="paper")
-    run = Run(tmp_path, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False)
+    run = in_memory_run(tmp_path, ledger)
     gen = train(_hp(iters=3, dp_class_prior=True, noise="calibrate", sigma1=None, sigma2=None), _toy(tabular=True),
                 ledger, run)
     lap, q = ledger.entries
