@@ -6,9 +6,8 @@
 
 1. Draws ``--members`` training images (the member set) and as many other training images (non-members,
    the same distribution, never trained on), with ``--seed``.
-2. Trains the method on ONLY the members through the normal pipeline (``run_training``; the dataset it
-   loads is swapped for the member subset, and the shared evaluator is skipped: the audit needs the
-   generator only), once per ``--eps``.
+2. Trains the method on ONLY the members through the normal pipeline (``run_training`` with the member
+   subset as its dataset and the shared evaluator off: the audit needs the generator only), once per ``--eps``.
 3. Trains a non-private baseline (``--baseline``): ``plain`` = the same networks trained by ordinary
    non-private SGD/Adam (dpaf only, dpgen.dpaf.plain), or ``eps:<E>`` = the method itself at target ε=E
    (privacy nearly off for any method; clipping and the calibrator's noise floor remain).
@@ -16,7 +15,8 @@
    the L2 distance to the nearest synthetic sample OF ITS CLASS; reports the membership AUC
    (dpgen.eval.mia; 0.5 = no leakage, 1.0 = every member is closer than every non-member).
 
-Writes ``<out>/mia.json`` and prints a one-line summary. Exit code 2 on a user error.
+Writes ``<out>/mia.json`` and prints a one-line summary. Exit code 2 on a user error (one ``error:`` line);
+every configuration is composed and validated before any training, and an existing ``--out`` is never reused.
 """
 from __future__ import annotations
 
@@ -59,15 +59,26 @@ def parse_args(argv):
 
 
 def compose(args, eps: float):
+    """The train.py config of one audit run, validated like a CLI run (a bad override is one DpgenError)."""
     from hydra import compose as hcompose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from dpgen.core.methods import CONFIG_DIR
+    from dpgen.core.pipeline import validate
+    from dpgen.errors import DpgenError
 
     overrides = [f"method={args.method}", f"dataset={args.dataset}", f"profile={args.profile}", f"eps={eps}",
                  f"seed={args.seed}", f"threads={args.threads}", f"data_root={args.data_root}", "progress=false",
                  "tensorboard=false", *AUDIT_OVERRIDES.get(args.method, []), *args.overrides]
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hcompose("train", overrides=overrides), overrides
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = hcompose("train", overrides=overrides)
+        OmegaConf.resolve(cfg)
+    except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise DpgenError(f"bad config: {first}") from None
+    validate(cfg)
+    return cfg, overrides
 
 
 def split_members(data, m: int, seed: int):
@@ -84,18 +95,11 @@ def split_members(data, m: int, seed: int):
 
 
 def train_private(cfg, subset, run_dir: Path):
-    """run_training on the member subset only; evaluation skipped. Returns (generator, privacy.json)."""
-    import dpgen.core.pipeline as pipeline
+    """run_training on the member subset only, evaluation skipped. Returns (generator, privacy.json, seconds)."""
     from dpgen.core.generator import load_generator
+    from dpgen.core.pipeline import run_training
 
-    real_load, real_eval = pipeline.load_dataset, pipeline.evaluate_generator
-    # the pipeline loads the dataset by name: hand it the member subset instead, and skip the evaluator
-    pipeline.load_dataset = lambda name, root: subset
-    pipeline.evaluate_generator = lambda gen, data, cfg, device: {}
-    try:
-        metrics = pipeline.run_training(cfg, run_dir)
-    finally:
-        pipeline.load_dataset, pipeline.evaluate_generator = real_load, real_eval
+    metrics = run_training(cfg, run_dir, data=subset, evaluate=False)
     privacy = json.loads((run_dir / "privacy.json").read_text())
     return load_generator(run_dir / "generator.pt"), privacy, metrics.get("train_seconds")
 
@@ -120,6 +124,7 @@ def main(argv=None) -> int:
     from dpgen.core.config import register_resolvers
     from dpgen.data import load_dataset
     from dpgen.errors import DpgenError
+    from dpgen.privacy import check_delta
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -128,8 +133,19 @@ def main(argv=None) -> int:
     out = Path(args.out)
     baseline = args.baseline or ("plain" if args.method == "dpaf" else "eps:1e4")
     try:
+        if out.exists() and any(out.iterdir()):
+            raise DpgenError(f"--out {out} already holds files; choose a new directory (nothing is overwritten)")
         data = load_dataset(args.dataset, args.data_root)
         subset, mem, non = split_members(data, args.members, args.seed)
+        planned = [compose(args, e)[0] for e in args.eps]  # every DP run's config, before any training
+        if baseline.startswith("eps:"):
+            planned.append(compose(args, float(baseline.split(":", 1)[1]))[0])
+        elif baseline == "plain" and args.method != "dpaf":
+            raise DpgenError("--baseline plain exists for dpaf only; use --baseline eps:<E>")
+        elif baseline not in ("plain", "none"):
+            raise DpgenError(f"--baseline must be plain, eps:<E> or none, not {baseline!r}")
+        for cfg in planned:
+            check_delta(float(cfg.delta), len(subset.train))
         report = {"method": args.method, "dataset": args.dataset, "members": args.members,
                   "nonmembers": len(non), "syn_per_class": args.syn_per_class, "seed": args.seed,
                   "profile": args.profile, "attack": "GAN-Leaks full black-box: score = -L2 distance to the "
@@ -141,8 +157,6 @@ def main(argv=None) -> int:
         for kind, what in jobs:
             t0 = time.time()
             if kind == "baseline" and what == "plain":
-                if args.method != "dpaf":
-                    raise DpgenError("--baseline plain exists for dpaf only; use --baseline eps:<E>")
                 from dpgen.dpaf.plain import train_plain
                 import torch
 

@@ -69,3 +69,27 @@ def test_audit_script_rejects_too_many_members(tmp_path):
     res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--members", "5000",
                      "--out", str(tmp_path / "m"), cwd=tmp_path)
     assert res.returncode == 2 and "--members" in res.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--eps", "-1"], "epsilon"),                      # caught before the baseline trains
+    (["--method", "nope"], "method/nope"),
+    (["--eps", "1", "--", "dpaf.no_such_key=3"], "bad config"),
+    (["--baseline", "foo"], "--baseline"),
+    (["--method", "gpate", "--baseline", "plain"], "dpaf only"),
+])
+def test_audit_script_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
+    out = tmp_path / "m"
+    res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--out", str(out), *args, cwd=tmp_path)
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_audit_script_never_reuses_an_existing_out_directory(tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "mia.json").write_text('{"keep": 1}')
+    res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 2 and "already holds files" in res.stderr
+    assert (out / "mia.json").read_text() == '{"keep": 1}' and sorted(p.name for p in out.iterdir()) == ["mia.json"]

@@ -20,6 +20,7 @@ from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_genera
 from dpgen.core.methods import available, load_method
 from dpgen.core.run import Run
 from dpgen.data import load_dataset
+from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_uint8
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, check_delta, check_epsilon
@@ -98,14 +99,19 @@ def save_sample_grid(gen: ReleasedGenerator, path: Path, per_class: int, seed: i
     tmp.replace(path)
 
 
-def run_training(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train, release and evaluate. Returns the metrics dict."""
+def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = None, evaluate: bool = True) -> dict:
+    """Train, release and evaluate. Returns the metrics dict.
+
+    ``data`` replaces the dataset ``cfg.dataset`` names (the MIA audit trains on a member subset);
+    ``evaluate=False`` skips the shared evaluator (metrics.json then holds the training facts only).
+    """
     quiet_known_noise()
     validate(cfg)
     device = resolve_device(str(cfg.device))
     set_threads(cfg.get("threads"))
     seed_everything(int(cfg.seed))
-    data = load_dataset(cfg.dataset.name, cfg.data_root)
+    if data is None:
+        data = load_dataset(cfg.dataset.name, cfg.data_root)
     delta = float(cfg.delta)
     check_delta(delta, len(data.train))
     ledger = PrivacyLedger(delta=delta, target_epsilon=float(cfg.eps), accountant=cfg.privacy.accountant,
@@ -138,7 +144,7 @@ def run_training(cfg: DictConfig, run_dir: Path) -> dict:
     log.info("released generator.pt; epsilon=%.4f (target %g, %s accounting)", ledger.report_epsilon()
              if ledger.entries else 0.0, cfg.eps, ledger.accounting)
 
-    metrics = evaluate_generator(gen, data, cfg, device)
+    metrics = evaluate_generator(gen, data, cfg, device) if evaluate else {}
     metrics["train_seconds"] = round(train_seconds, 1)
     if run.extra_metrics:
         metrics["training"] = _finite(dict(run.extra_metrics))
