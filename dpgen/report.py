@@ -93,6 +93,30 @@ def _fmt(mean, std) -> str:
     return "–" if mean is None else f"{mean:.3f} ± {std:.3f}"
 
 
+NO_PRIVACY = "∞ (no privacy)"
+
+
+def eps_label(eps) -> str:
+    """ε as a table heading: ``inf`` (the ``eps=inf`` privacy-off reference) is its own column, never a budget."""
+    if eps is None:
+        return "–"
+    return NO_PRIVACY if math.isinf(float(eps)) else f"{float(eps):g}"
+
+
+def by_epsilon(summary: list[dict], metric: str = "g2r_cnn") -> tuple[list[str], list[dict]]:
+    """``metric`` as one row per method × dataset × accounting × profile × variant and one column per target ε,
+    the privacy-off reference (ε = ∞) last: the upper-bound row of a DP paper's table, side by side."""
+    eps_values = sorted({float(r["target_epsilon"]) for r in summary if r["target_epsilon"] is not None})
+    columns = [eps_label(e) for e in eps_values]
+    rows: dict[tuple, dict] = {}
+    for r in summary:
+        key = tuple(r[k] for k in KEYS if k != "target_epsilon")
+        row = rows.setdefault(key, dict(zip([k for k in KEYS if k != "target_epsilon"], key)))
+        if r["target_epsilon"] is not None:
+            row[eps_label(r["target_epsilon"])] = _fmt(r[f"{metric}_mean"], r[f"{metric}_std"])
+    return columns, [rows[k] for k in sorted(rows, key=lambda k: tuple(str(x) for x in k))]
+
+
 def write_outputs(summary: list[dict], runs: list[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,10 +130,20 @@ def write_outputs(summary: list[dict], runs: list[dict], out_dir: str | Path) ->
              + " | ".join(cols) + " |",
              "|" + "---|" * (9 + len(cols))]
     for r in summary:
-        lines.append(f"| {r['method']} | {r['dataset']} | {r['target_epsilon']} | {r['epsilon']:.3f} | "
+        spent = "∞" if math.isinf(r["epsilon"]) else f"{r['epsilon']:.3f}"
+        lines.append(f"| {r['method']} | {r['dataset']} | {eps_label(r['target_epsilon'])} | {spent} | "
                      f"{r['accounting']} | {r['valid_dp_guarantee']} | {r['profile']} | {r['variant'] or '–'} | "
                      f"{r['seeds']} | "
                      + " | ".join(_fmt(r[f'{c}_mean'], r[f'{c}_std']) for c in cols) + " |")
+    eps_cols, pivot = by_epsilon(summary)
+    lines += ["", "## g2r CNN accuracy by target ε", "",
+              f"`{NO_PRIVACY}` is the `eps=inf` reference: the same code with noise multiplier 0 (clipping kept), "
+              "not a private result.", "",
+              "| method | dataset | accounting | profile | variant | " + " | ".join(eps_cols) + " |",
+              "|" + "---|" * (5 + len(eps_cols))]
+    for r in pivot:
+        lines.append(f"| {r['method']} | {r['dataset']} | {r['accounting']} | {r['profile']} | {r['variant'] or '–'} | "
+                     + " | ".join(r.get(c, "–") for c in eps_cols) + " |")
     md_path.write_text("\n".join(lines) + "\n")
     _plot(summary, png_path)
     return [csv_path, md_path, png_path]
@@ -123,20 +157,28 @@ def _plot(summary: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     series: dict[str, list[tuple]] = defaultdict(list)
+    no_privacy: dict[str, float] = {}
     for r in summary:
-        if r["g2r_cnn_mean"] is not None:
+        if r["g2r_cnn_mean"] is not None and r["target_epsilon"] is not None:
             name = r["method"] + (f"[{r['variant']}]" if r.get("variant") else "")
-            series[f"{name}/{r['dataset']} ({r['accounting']}, {r['profile']})"].append(
-                (r["target_epsilon"], r["g2r_cnn_mean"], r["g2r_cnn_std"]))
+            label = f"{name}/{r['dataset']} ({r['accounting']}, {r['profile']})"
+            if math.isinf(float(r["target_epsilon"])):
+                no_privacy[label] = r["g2r_cnn_mean"]
+            else:
+                series[label].append((r["target_epsilon"], r["g2r_cnn_mean"], r["g2r_cnn_std"]))
+    colours = {}
     for label, pts in sorted(series.items()):
         pts.sort()
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                    label=label)
+        bars = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                           label=label)
+        colours[label] = bars.lines[0].get_color()
+    for label, acc in sorted(no_privacy.items()):  # eps=inf cannot sit on a log axis: a dotted reference line
+        ax.axhline(acc, ls=":", lw=1, color=colours.get(label, "grey"), label=f"{label} ε=∞ (no privacy)")
     ax.set_xscale("log")
     ax.set_xlabel("target ε")
     ax.set_ylabel("g2r CNN accuracy")
     ax.set_title("privacy–utility")
-    if series:
+    if series or no_privacy:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -71,7 +71,7 @@ def test_evaluate_and_collect_scripts(trained_run, tmp_path):
     res = run_script("collect.py", str(trained_run.parent), f"out={tmp_path / 'report'}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     md = (tmp_path / "report" / "results.md").read_text()
-    assert "| dpgan | digits | 10.0 |" in md
+    assert "| dpgan | digits | 10 |" in md
     assert (tmp_path / "report" / "results.csv").is_file() and (tmp_path / "report" / "privacy_utility.png").is_file()
 
 

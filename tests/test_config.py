@@ -22,6 +22,21 @@ def test_run_dir_names_eps_the_same_way(eps):
     assert cfg.hydra.sweep.subdir == "dpgan/digits/eps10/seed3"
 
 
+@pytest.mark.parametrize("eps", ["inf", ".inf", "Infinity"])
+def test_privacy_off_runs_are_named_epsinf(eps):
+    cfg = _compose(f"eps={eps}", hydra=True)
+    assert cfg.hydra.sweep.subdir == "dpgan/digits/epsinf/seed0"
+
+
+@pytest.mark.parametrize("eps", ["abc", "0", "-1", "nan"])
+def test_bad_eps_is_one_line_before_anything_is_written(eps):
+    from dpgen.cli import precheck
+    from dpgen.errors import DpgenError
+
+    with pytest.raises(DpgenError, match=r"^eps must be a positive number or inf, got"):
+        precheck([f"eps={eps}"])
+
+
 def test_profile_and_dataset_pick_hyperparameters():
     quick, paper = _compose("dataset=fmnist"), _compose("dataset=fmnist", "profile=paper")
     assert (quick.dpgan.iters, paper.dpgan.iters) == (1500, 20000)

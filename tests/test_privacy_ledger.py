@@ -200,8 +200,8 @@ def test_record_merges_only_into_last_entry():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(noise_multipliers=[0.0]),
         dict(noise_multipliers=[-1.0]),
+        dict(noise_multipliers=[float("inf")]),
         dict(noise_multipliers=[float("nan")]),
         dict(noise_multipliers=[]),
         dict(noise_multipliers=[1.0], sampling="poisson", sampling_rate=0.0),
@@ -224,7 +224,8 @@ def test_record_validation(kwargs):
 
 def test_ledger_constructor_validation():
     for bad in [dict(delta=0.0), dict(delta=1.0), dict(delta=1e-5, target_epsilon=0.0),
-                dict(delta=1e-5, target_epsilon=float("inf")), dict(delta=1e-5, accountant="prv"),
+                dict(delta=1e-5, target_epsilon=float("nan")), dict(delta=1e-5, target_epsilon=-float("inf")),
+                dict(delta=1e-5, accountant="prv"),
                 dict(delta=1e-5, accounting="loose")]:
         with pytest.raises(DpgenError):
             PrivacyLedger(**bad)

@@ -120,4 +120,4 @@ def test_event_builder_sampling_mismatch():
     with pytest.raises(TypeError):
         gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=1.0, record=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=0.0, record=led)
+        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=-1.0, record=led)

@@ -143,3 +143,22 @@ def test_collect_script_writes_the_comparison(runs, tmp_path):
     assert any(r["method"] == "dpgan" and r["paper"] == "0.6098" and r["profile"] == "quick" for r in rows)
     res = run_script("collect.py", str(runs), "paper=/nonexistent.yaml", cwd=tmp_path)
     assert res.returncode == 2 and "not found" in res.stderr
+
+
+def test_privacy_off_runs_are_their_own_epsilon_column(tmp_path):
+    """The eps=inf fixture run (dpgan, digits) shows as `∞ (no privacy)`, after the finite ε, never as a budget."""
+    from dpgen.report import NO_PRIVACY, by_epsilon, write_outputs
+
+    runs = [r for r in collect_runs(FIXTURES) if r["method"] == "dpgan"]
+    assert {r["target_epsilon"] for r in runs} == {1.0, 10.0, float("inf")}
+    off = next(r for r in runs if r["target_epsilon"] == float("inf"))
+    assert off["epsilon"] == float("inf") and off["valid_dp_guarantee"] is False
+    summary = summarise(runs)
+    columns, rows = by_epsilon(summary)
+    assert columns == ["1", "10", NO_PRIVACY]
+    (row,) = rows
+    assert row["method"] == "dpgan" and all(c in row for c in columns)
+    write_outputs(summary, runs, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert f"| dpgan | digits | {NO_PRIVACY} | ∞ | sound | False |" in md
+    assert f"| {NO_PRIVACY} |" in md.split("## g2r CNN accuracy by target ε")[1]

@@ -33,11 +33,21 @@ def _by_dataset(table, *, _root_):
     raise DpgenError(f"no value for dataset {name!r} in {dict(table)}; add it to the method config")
 
 
+def _eps_tag(eps) -> str:
+    """ε as a directory name: eps=10 and eps=10.0 name the same directory, eps=inf/.inf give ``inf``."""
+    from dpgen.privacy import parse_epsilon
+
+    try:
+        return f"{parse_epsilon(eps):g}"
+    except DpgenError:
+        return str(eps)  # validate() reports the bad value in one line before anything is written
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
-        "eps_tag": lambda eps: f"{float(eps):g}",  # eps=10 and eps=10.0 name the same directory
+        "eps_tag": _eps_tag,
         "run_dir": lambda resume, default: default if resume in (None, "", "null") else str(resume),
         "hydra_subdir": lambda resume: ".hydra" if resume in (None, "", "null")
         else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}",

@@ -23,7 +23,7 @@ from dpgen.data import load_dataset
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_uint8
 from dpgen.errors import DpgenError
-from dpgen.privacy import PrivacyLedger, check_delta, check_epsilon
+from dpgen.privacy import PrivacyLedger, check_delta, parse_epsilon
 
 log = logging.getLogger("dpgen")
 
@@ -63,7 +63,7 @@ def seed_everything(seed: int) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Checks that need no data; the rest (δ < 1/N, files) follows once data is loaded."""
-    check_epsilon(float(cfg.eps))
+    parse_epsilon(cfg.eps)
     if cfg.method.name not in available("method"):
         raise DpgenError(f"unknown method {cfg.method.name!r}; choose one of {', '.join(available('method'))}")
     if cfg.privacy.accounting not in ("sound", "paper"):
@@ -80,7 +80,7 @@ def validate(cfg: DictConfig) -> None:
 def fingerprint(cfg: DictConfig) -> dict:
     """The settings a resumed run must share with the original (privacy-relevant ones first)."""
     return {
-        "method": cfg.method.name, "dataset": cfg.dataset.name, "eps": float(cfg.eps), "delta": float(cfg.delta),
+        "method": cfg.method.name, "dataset": cfg.dataset.name, "eps": parse_epsilon(cfg.eps), "delta": float(cfg.delta),
         "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
         "accountant": cfg.privacy.accountant,
         "hparams": OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True),
@@ -114,7 +114,8 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
         data = load_dataset(cfg.dataset.name, cfg.data_root)
     delta = float(cfg.delta)
     check_delta(delta, len(data.train))
-    ledger = PrivacyLedger(delta=delta, target_epsilon=float(cfg.eps), accountant=cfg.privacy.accountant,
+    target = parse_epsilon(cfg.eps)
+    ledger = PrivacyLedger(delta=delta, target_epsilon=target, accountant=cfg.privacy.accountant,
                            accounting=cfg.privacy.accounting)
     resume = cfg.resume is not None
     run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
@@ -122,7 +123,9 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
               tensorboard=cfg.tensorboard, progress=cfg.progress)
     method = load_method(cfg.method.module)
     log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s", cfg.method.name, data.name,
-             len(data.train), cfg.eps, delta, cfg.profile, device)
+             len(data.train), target, delta, cfg.profile, device)
+    if ledger.privacy_off:
+        log.warning("eps=inf: privacy-off reference run (noise multiplier 0, clipping kept); NOT private")
     t0 = time.time()
     try:
         gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
@@ -133,8 +136,8 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
         raise TypeError(f"{cfg.method.module}.train must return a ReleasedGenerator")
 
     eps_sound = ledger.epsilon() if ledger.entries else 0.0
-    if ledger.valid_dp_guarantee and eps_sound > float(cfg.eps) * (1 + 1e-9):
-        raise RuntimeError(f"privacy budget overrun: epsilon {eps_sound:.6f} > target {cfg.eps}")  # a bug, never a user error
+    if not ledger.privacy_off and ledger.accounting == "sound" and eps_sound > target * (1 + 1e-9):
+        raise RuntimeError(f"privacy budget overrun: epsilon {eps_sound:.6f} > target {target}")  # a bug, never a user error
     gen = gen.to(device).eval()
     save_generator(gen, run_dir / "generator.pt", meta={"method": cfg.method.name, "dataset": data.name,
                                                          "classes": list(data.classes)})
@@ -142,12 +145,14 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
         save_sample_grid(gen, run_dir / "samples.png", int(cfg.samples_per_class), int(cfg.seed))
     atomic_write_json(ledger.to_json(), run_dir / "privacy.json")
     log.info("released generator.pt; epsilon=%.4f (target %g, %s accounting)", ledger.report_epsilon()
-             if ledger.entries else 0.0, cfg.eps, ledger.accounting)
+             if ledger.entries else 0.0, target, ledger.accounting)
 
     metrics = evaluate_generator(gen, data, cfg, device) if evaluate else {}
     metrics["train_seconds"] = round(train_seconds, 1)
     if run.extra_metrics:
         metrics["training"] = _finite(dict(run.extra_metrics))
+    if ledger.privacy_off:
+        metrics["target_epsilon"] = math.inf  # the privacy-off reference is its own column (JSON Infinity)
     atomic_write_json(metrics, run_dir / "metrics.json")
     return metrics
 
@@ -162,7 +167,7 @@ def evaluate_generator(gen: ReleasedGenerator, data, cfg: DictConfig, device: to
     x_np = x.numpy().astype(np.float32) if data.tabular else to_uint8(x)
     metrics = evaluate(x_np, y.numpy(), data, cfg.eval, device=device, seed=int(cfg.seed),
                        cache_dir=Path(cfg.data_root) / "cache" / "eval", log=log.info)
-    metrics.update({"method": cfg.method.name, "dataset": data.name, "target_epsilon": float(cfg.eps),
+    metrics.update({"method": cfg.method.name, "dataset": data.name, "target_epsilon": parse_epsilon(cfg.eps),
                     "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
                     "eval_seconds": round(time.time() - t0, 1)})
     return _finite(metrics)

@@ -111,6 +111,8 @@ class Budget:
                     ledger.notes.append(note)
 
     def _cal(self, target: float, make, base=()) -> float:
+        if self.ledger.privacy_off:
+            return 0.0  # eps=inf: every part of the split is noiseless, whatever its share
         return calibrate_noise_multiplier(target, self.ledger.delta, make, base=list(base),
                                           accountant=self.ledger.accountant)
 
@@ -141,6 +143,7 @@ class Budget:
 
     # -- guards -----------------------------------------------------------------------------
     def _shadow(self, part: str, target: float) -> PrivacyLedger:
+        target = self.ledger.target_epsilon if self.ledger.privacy_off else target
         sh = PrivacyLedger(self.ledger.delta, target_epsilon=target, accountant=self.ledger.accountant)
         sh.entries = list(paper_parts(self.ledger.entries, self.mu)[part])
         return sh

@@ -100,7 +100,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         cx, cy = (cx.to(dev), cy.to(dev)) if cx is not None else (None, None)
     elif central != "none":
         cx, cy = query_central(central, x_all, y_all, k, num_images=int(hp.num_central), q=int(hp.central_batch) / n,
-                               sigma=float(hp.central_sigma), ledger=ledger, generator=gens["central"],
+                               sigma=0.0 if ledger.privacy_off else float(hp.central_sigma), ledger=ledger,
+                               generator=gens["central"],
                                clip=hp.central_clip, bins=hp.bins)
         log.info("feta: %d %s images queried, epsilon so far %.4f", len(cx), central, ledger.epsilon())
     else:

@@ -10,8 +10,10 @@ from dpgen.privacy.ledger import (
     EventBuilder,
     LedgerEntry,
     PrivacyLedger,
+    PRIVACY_OFF_NOTE,
     check_delta,
     check_epsilon,
+    parse_epsilon,
 )
 from dpgen.privacy.mechanisms import clip_rows, gaussian_sum_query
 
@@ -22,6 +24,8 @@ __all__ = [
     "EventBuilder",
     "check_delta",
     "check_epsilon",
+    "parse_epsilon",
+    "PRIVACY_OFF_NOTE",
     "calibrate_noise_multiplier",
     "calibrate_steps",
     "clip_rows",

@@ -43,11 +43,14 @@ def calibrate_noise_multiplier(
     answer, because PLD evaluations at very small z are very slow.
 
     Raises DpgenError if even ``hi`` cannot meet the target (e.g. ``base``
-    alone already exceeds it).
+    alone already exceeds it).  ``target_epsilon=inf`` (the privacy-off
+    reference) returns 0: no noise.
     """
-    check_epsilon(target_epsilon)
+    check_epsilon(target_epsilon, allow_inf=True)
     delta = _check_ledger_delta(delta)
     target = float(target_epsilon)
+    if target == math.inf:
+        return 0.0
     lo, hi, tol = float(lo), float(hi), float(tol)
     if not (0.0 < lo < hi) or not math.isfinite(hi) or tol <= 0.0:
         raise DpgenError(f"noise calibration needs 0 < lo < hi and tol > 0, got lo={lo}, hi={hi}, tol={tol}")
@@ -112,13 +115,16 @@ def calibrate_steps(
     Exponential search for a failing count, then integer bisection, assuming
     epsilon is non-decreasing in c; about 2*log2(answer) accountant calls
     (with the RDP accountant each call only rescales cached RDP curves).
+    ``target_epsilon=inf`` returns ``max_steps``.
     """
-    check_epsilon(target_epsilon)
+    check_epsilon(target_epsilon, allow_inf=True)
     delta = _check_ledger_delta(delta)
     target = float(target_epsilon)
     if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 0:
         raise DpgenError(f"max_steps must be a non-negative integer, got {max_steps!r}")
     max_steps = int(max_steps)
+    if target == math.inf:
+        return max_steps
     base = list(base)
 
     def ok(c: int) -> bool:

@@ -44,10 +44,18 @@ __all__ = [
     "PrivacyLedger",
     "EventBuilder",
     "BudgetGuard",
+    "PRIVACY_OFF_NOTE",
     "check_delta",
     "check_epsilon",
     "compute_epsilon",
+    "parse_epsilon",
 ]
+
+PRIVACY_OFF_NOTE = (
+    "eps=inf: privacy-off reference run. Every noise multiplier is 0 (clipping, sampling and all other "
+    "code paths are those of a private run), so no (epsilon, delta) guarantee holds: epsilon is infinite. "
+    "Use it as the upper-bound row, never as a private result."
+)
 
 _SAMPLINGS = ("poisson", "none")
 _MECHANISMS = ("gaussian", "laplace")
@@ -80,12 +88,44 @@ def check_delta(delta: float, n: int) -> None:
         )
 
 
-def check_epsilon(eps: float) -> None:
-    """Reject a target epsilon that is not a positive finite number."""
+_INF_SPELLINGS = ("inf", ".inf", "+inf", "+.inf", "infinity", "+infinity")
+
+
+def parse_epsilon(eps: Any, key: str = "eps") -> float:
+    """A target epsilon from a config value: a positive number, or ``inf`` for the privacy-off reference.
+
+    Accepts ints, floats and their strings, plus ``inf``/``.inf`` (YAML)/``Infinity``. ``inf`` means
+    "no privacy": every noise multiplier is 0, clipping is kept, and the run is never reported as
+    private (:attr:`PrivacyLedger.privacy_off`).
+    """
+    if isinstance(eps, bool):
+        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+    if isinstance(eps, str):
+        text = eps.strip().lower()
+        if text in _INF_SPELLINGS:
+            return math.inf
+        try:
+            e = float(text)
+        except ValueError:
+            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+    else:
+        try:
+            e = float(eps)
+        except (TypeError, ValueError):
+            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+    if math.isnan(e) or e <= 0.0:
+        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+    return e
+
+
+def check_epsilon(eps: float, allow_inf: bool = False) -> None:
+    """Reject a target epsilon that is not a positive finite number (``inf`` too, if ``allow_inf``)."""
     try:
         e = float(eps)
     except (TypeError, ValueError):
         raise DpgenError(f"target epsilon must be a positive number, got {eps!r}") from None
+    if allow_inf and e == math.inf:
+        return
     if not math.isfinite(e) or e <= 0.0:
         raise DpgenError(f"target epsilon must be a positive finite number, got {eps!r}")
 
@@ -119,6 +159,8 @@ class LedgerEntry:
       L2 sensitivity (add/remove-one) of each release made on the same sampled
       batch; they form ONE sampling event with
       ``sigma_eff = (sum z^-2)^-1/2`` (Mironov, Talwar & Zhang 2019, Sec. 3).
+      A multiplier of 0 is a release WITHOUT noise (the ``eps=inf`` privacy-off
+      reference): its epsilon is infinite.
       For Laplace entries exactly one value, ``b / L1-sensitivity``.
     * ``sampling``: ``"poisson"`` (each example included independently with
       probability ``sampling_rate``; Abadi et al. 2016) or ``"none"`` (the
@@ -149,8 +191,8 @@ class LedgerEntry:
                 zf = float(z)
             except (TypeError, ValueError):
                 raise DpgenError(f"noise multiplier of {self.name!r} must be a number, got {z!r}") from None
-            if not math.isfinite(zf) or zf <= 0.0:
-                raise DpgenError(f"noise multiplier of {self.name!r} must be > 0 and finite, got {z!r}")
+            if not math.isfinite(zf) or zf < 0.0:
+                raise DpgenError(f"noise multiplier of {self.name!r} must be >= 0 and finite, got {z!r}")
             zs.append(zf)
         if not zs:
             raise DpgenError(f"ledger entry {self.name!r} needs at least one noise multiplier")
@@ -181,7 +223,14 @@ class LedgerEntry:
         """``(sum z^-2)^-1/2``: the single Gaussian equivalent to all releases on one batch."""
         if self.mechanism == "laplace":
             return self.noise_multipliers[0]
+        if min(self.noise_multipliers) == 0.0:
+            return 0.0  # one noiseless release on the batch: no privacy at all
         return math.fsum(z ** -2 for z in self.noise_multipliers) ** -0.5
+
+    @property
+    def noiseless(self) -> bool:
+        """True when the release adds no noise (epsilon is infinite)."""
+        return self.effective_noise_multiplier == 0.0
 
     def _mechanism_event(self) -> dp_accounting.DpEvent:
         if self.mechanism == "laplace":
@@ -335,6 +384,8 @@ def compute_epsilon(
     entries = list(entries)
     if not entries:
         return 0.0
+    if any(e.noiseless for e in entries):
+        return math.inf
     if conversion == "classic":
         orders, rdp = _total_rdp(entries)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -368,8 +419,8 @@ class EventBuilder:
     def add_gaussian(self, noise_multiplier: float) -> None:
         """Add one Gaussian release (noise std / L2 sensitivity = ``noise_multiplier``) on this batch."""
         z = float(noise_multiplier)
-        if not math.isfinite(z) or z <= 0.0:
-            raise DpgenError(f"noise multiplier of {self.name!r} must be > 0 and finite, got {noise_multiplier!r}")
+        if not math.isfinite(z) or z < 0.0:
+            raise DpgenError(f"noise multiplier of {self.name!r} must be >= 0 and finite, got {noise_multiplier!r}")
         self.noise_multipliers.append(z)
 
 
@@ -382,6 +433,11 @@ class PrivacyLedger:
     have reported (e.g. a data-dependent or legacy analysis); ``to_json``
     then still shows the sound bound as ``sound_epsilon`` and marks
     ``valid_dp_guarantee: false``.
+
+    ``target_epsilon=inf`` is the privacy-off reference (``eps=inf``):
+    :attr:`privacy_off` is true, calibration returns noise multiplier 0, budget
+    guards never bind, and ``privacy.json`` reports ``epsilon: Infinity`` with
+    ``valid_dp_guarantee: false``.
     """
 
     def __init__(
@@ -393,7 +449,7 @@ class PrivacyLedger:
     ) -> None:
         self.delta = _check_ledger_delta(delta)
         if target_epsilon is not None:
-            check_epsilon(target_epsilon)
+            check_epsilon(target_epsilon, allow_inf=True)
             target_epsilon = float(target_epsilon)
         self.target_epsilon: float | None = target_epsilon
         self.accountant = _check_choice("privacy accountant", accountant, _ACCOUNTANTS)
@@ -477,14 +533,23 @@ class PrivacyLedger:
         )
 
     def report_epsilon(self) -> float:
-        """The epsilon to report: ``paper_epsilon(entries, delta)`` if installed, else :meth:`epsilon`."""
-        if self.paper_epsilon is not None:
+        """The epsilon to report: ``paper_epsilon(entries, delta)`` if installed, else :meth:`epsilon`.
+
+        A noiseless release makes both infinite, so a paper analysis is not asked.
+        """
+        if self.paper_epsilon is not None and not any(e.noiseless for e in self.entries):
             return float(self.paper_epsilon(list(self.entries), self.delta))
         return self.epsilon()
 
     @property
+    def privacy_off(self) -> bool:
+        """True for the ``eps=inf`` reference: methods use noise multiplier 0 and keep clipping."""
+        return self.target_epsilon == math.inf
+
+    @property
     def valid_dp_guarantee(self) -> bool:
-        return self.accounting == "sound"
+        """Sound accounting and a finite epsilon (a noiseless release guarantees nothing)."""
+        return self.accounting == "sound" and not any(e.noiseless for e in self.entries)
 
     def budget_guard(
         self,
@@ -525,7 +590,7 @@ class PrivacyLedger:
         delta = _check_ledger_delta(d["delta"])
         target = d.get("target_epsilon")
         if target is not None:
-            check_epsilon(target)
+            check_epsilon(target, allow_inf=True)
             target = float(target)
         accountant = _check_choice("privacy accountant", d.get("accountant", "rdp"), _ACCOUNTANTS)
         accounting = _check_choice("privacy accounting", d.get("accounting", "sound"), _ACCOUNTINGS)
@@ -537,7 +602,10 @@ class PrivacyLedger:
         self._version += 1
 
     def to_json(self) -> dict:
-        """The content of ``privacy.json``."""
+        """The content of ``privacy.json`` (an infinite epsilon is written as JSON ``Infinity``)."""
+        notes = list(self.notes)
+        if any(e.noiseless for e in self.entries) and PRIVACY_OFF_NOTE not in notes:
+            notes.insert(0, PRIVACY_OFF_NOTE)
         return {
             "epsilon": float(self.report_epsilon()),
             "delta": float(self.delta),
@@ -546,7 +614,7 @@ class PrivacyLedger:
             "accounting": self.accounting,
             "valid_dp_guarantee": self.valid_dp_guarantee,
             "entries": [e.to_dict() for e in self.entries],
-            "notes": list(self.notes),
+            "notes": notes,
             "sound_epsilon": float(self.epsilon()),
         }
 
@@ -600,8 +668,8 @@ class BudgetGuard:
 
         template = self.entry.to_dict()
         cap = 10**7 if self.max_count is None else max(self.max_count - self.steps_taken, 0)
-        if cap == 0:
-            more = 0
+        if cap == 0 or self.ledger.privacy_off:
+            more = cap  # eps=inf: no budget, only the configured step count binds
         else:
             more = calibrate_steps(
                 self.ledger.target_epsilon,

@@ -68,6 +68,7 @@ def gaussian_sum_query(
     ``sampling``/``sampling_rate`` is recorded, merging with the previous
     identical one) or an open :class:`EventBuilder` from
     ``ledger.sampled_event(...)`` (the release is added to that sampled event;
+    ``noise_multiplier=0`` is the ``eps=inf`` reference: recorded, epsilon infinite;
     ``sampling``/``sampling_rate``, if given, must match the event's).  The
     sampling itself (e.g. a Poisson data loader) is the caller's job; this
     only records it.
@@ -78,8 +79,8 @@ def gaussian_sum_query(
     noise_multiplier = float(noise_multiplier)
     if not math.isfinite(sensitivity) or sensitivity <= 0.0:
         raise ValueError(f"sensitivity must be positive and finite, got {sensitivity}")
-    if not math.isfinite(noise_multiplier) or noise_multiplier <= 0.0:
-        raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier}")
+    if not math.isfinite(noise_multiplier) or noise_multiplier < 0.0:
+        raise ValueError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier}")
     if clip_norm is not None and sensitivity < float(clip_norm):
         raise ValueError(f"sensitivity={sensitivity} is smaller than clip_norm={clip_norm}; the DP guarantee would not hold")
     if isinstance(record, EventBuilder):
