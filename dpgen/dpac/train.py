@@ -26,7 +26,7 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import NetStack, batched_forward, critic_step
+from dpgen.dpac.ensemble import GeneratorStack, NetStack, batched_forward, critic_step
 from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init, sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
@@ -136,38 +136,38 @@ def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float) -> None
         be.copy_(b)
 
 
-def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor, make_gen, hp: DictConfig,
-             g: torch.Generator, num_classes: int) -> None:
-    """Non-private warm start of every discriminator on its own partition (official pretrain.sh).
+def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor,
+             make_gen: Callable[[], torch.nn.Module], hp: DictConfig, g: torch.Generator, num_classes: int) -> None:
+    """Non-private warm start of every discriminator on its own partition (official ``pretrain.py``).
 
-    Chunks of ``pretrain_chunk`` discriminators train at once (vmap); each chunk plays against one
-    throw-away warm-up generator (the authors used one per discriminator), never released.
+    ``pretrain_iters`` counts warm-up GENERATOR iterations, each after ``critic_iters`` critic steps, as the
+    official code (2000 × 5 critic steps for MNIST). Every discriminator plays against its OWN warm-up generator
+    (as the authors', one per D): a generator shared by several discriminators learns from all of them and
+    would carry every partition of the chunk into each D_k, voiding the per-partition sensitivity. Chunks of
+    ``pretrain_chunk`` (D, G) pairs train at once: the discriminators as a :class:`NetStack`, the generators as
+    a :class:`GeneratorStack`. The warm-up generators are thrown away; the critic fakes carry the real batch's
+    labels (official code).
     """
-    steps, chunk, b = int(hp.pretrain_iters), int(hp.pretrain_chunk), int(hp.batch_size)
-    dev = x_all.device
+    iters, critic, chunk, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.pretrain_chunk), int(hp.batch_size)
+    dev, lr, betas = x_all.device, float(hp.lr), tuple(hp.betas)
     for lo in range(0, len(disc), chunk):
         members = torch.arange(lo, min(lo + chunk, len(disc)), device=dev)
-        gw = make_gen().to(dev)
-        opt = torch.optim.Adam(gw.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
         m = len(members)
-        for s in range(steps):
-            idx = parts.sample(members, b, g)
-            xr, yr = x_all[idx], y_all[idx]
-            # one fake batch shared by the chunk: the warm-up generator's cost does not grow with M
-            yf = torch.randint(0, num_classes, (b,), generator=g, device=dev)
-            with torch.no_grad():
-                xf = gw(gw.sample_z(b, g, dev), yf)
-            alpha = torch.rand(m, b, generator=g, device=dev)
-            critic_step(disc, disc_forward, members, xr, yr, xf.expand(m, *xf.shape), yf.expand(m, b), alpha,
-                        float(hp.gp_weight), float(hp.drift), float(hp.lr), tuple(hp.betas))
-            if (s + 1) % int(hp.critic_iters) == 0:
-                y = torch.randint(0, num_classes, (b,), generator=g, device=dev)
-                xf = gw(gw.sample_z(b, g, dev), y)
-                opt.zero_grad(set_to_none=True)
-                out = batched_forward(disc, disc_forward, members, xf.expand(m, *xf.shape), y.expand(m, b))
-                (-out.mean()).backward()
-                opt.step()
-        log.info("pre-trained discriminators %d..%d for %d steps", lo, lo + m - 1, steps)
+        gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas)
+        for _ in range(iters):
+            for _ in range(critic):
+                idx = parts.sample(members, b, g)
+                xr, yr = x_all[idx], y_all[idx]
+                with torch.no_grad():
+                    xf = gens(gens.sample_z(b, g), yr)
+                alpha = torch.rand(m, b, generator=g, device=dev)
+                critic_step(disc, disc_forward, members, xr, yr, xf, yr, alpha, float(hp.gp_weight),
+                            float(hp.drift), lr, betas)
+            y = torch.randint(0, num_classes, (m, b), generator=g, device=dev)
+            gens.step(lambda x: -batched_forward(disc, disc_forward, members, x, y).mean(1).sum(),
+                      gens.sample_z(b, g), y)
+        log.info("pre-trained discriminators %d..%d: %d warm-up generator iterations x %d critic steps",
+                 lo, lo + m - 1, iters, critic)
 
 
 class IterationBudget:
@@ -250,7 +250,8 @@ class EnsembleSetup:
         self.gens = {"init": run.torch_generator(11), "data": run.torch_generator(12),
                      "noise": run.torch_generator(13), "gen": run.torch_generator(14)}
         self.parts = Partitions(partition_by_record(data.train.x, int(hp.num_discriminators), run.seed), dev)
-        self.make_gen = make_gen
+        # warm-up generators: the plain GS-WGAN architecture (efsgd's noise injection is not needed to warm up D)
+        self.make_warmup = partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width))
         self.g_net = make_gen().to(dev)
         self.g_ema = copy.deepcopy(self.g_net)
         self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
@@ -272,7 +273,7 @@ class EnsembleSetup:
                 obj.load_state_dict(state[key])
             run.restore_generators(self.gens)
         else:
-            pretrain(self.disc, self.parts, x_all, y_all, self.make_gen, hp, self.gens["data"], ncls)
+            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.gens["data"], ncls)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
