@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 from functools import partial
 
+import pytest
 import torch
 
 from dpgen.dpac.classifier import train_classifier
@@ -81,10 +82,26 @@ def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
         return orig(clf, *a, **k)
 
     monkeypatch.setattr(tr, "train_classifier", spy)
-    run_tiny(tmp_path, iters=5, classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
+    # a kept C is allowed under the paper analysis only (see the test below)
+    run_tiny(tmp_path, accounting="sound" if reinit else "paper", iters=5,
+             classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
     return seen
 
 
 def test_classifier_is_reinitialised_every_iteration_from_t_c(tmp_path, monkeypatch):
     assert _count_classifier_steps(tmp_path / "a", monkeypatch, True) == [0, 0, 0], "fresh C at iterations 2, 3, 4"
     assert _count_classifier_steps(tmp_path / "b", monkeypatch, False) == [0, 3, 6], "reinit=false keeps training C"
+
+
+@pytest.mark.parametrize("method", ["dpac", "efsgd"])
+def test_a_kept_classifier_is_refused_under_sound_accounting(tmp_path, method):
+    from dpgen.errors import DpgenError
+
+    if method == "dpac":
+        from test_dpac_sanitizer import run_tiny
+    else:
+        from test_efsgd_sanitizer import run_tiny
+    with pytest.raises(DpgenError, match=rf"^{method}\.classifier\.reinit=false carries earlier partitions into C") as err:
+        run_tiny(tmp_path, classifier={"reinit": False})
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "checkpoints").exists(), "nothing written"

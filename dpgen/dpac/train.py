@@ -64,6 +64,28 @@ def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
             raise DpgenError(f"{prefix}.{key} must be >= 1, got {hp[key]}")
     if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
         raise DpgenError(f"{prefix}.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+    if int(hp.pretrain_iters) < 0 or int(hp.pretrain_chunk) < 1:
+        raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1")
+
+
+KEPT_CLASSIFIER_NOTE = (
+    "classifier.reinit=false: C keeps what it learned on earlier partitions, so its gradients at an iteration "
+    "depend on every partition sampled since t_c, not only on the sampled one; the C path is not a 1/K-sampled "
+    "release and the paper analysis does not cover it."
+)
+
+
+def check_classifier_reuse(hp: DictConfig, ledger: PrivacyLedger, prefix: str, c_start: int | None) -> None:
+    """``classifier.reinit=false`` breaks the per-partition argument of the C path (C carries partition j into
+    the release of an iteration that sampled k): refused when the ledger must be a valid bound."""
+    if c_start is None or bool(hp.classifier.reinit):
+        return
+    if ledger.accounting == "sound" and not ledger.privacy_off:
+        raise DpgenError(f"{prefix}.classifier.reinit=false carries earlier partitions into C, which the sound "
+                         f"ledger cannot charge at rate 1/K; use {prefix}.classifier.reinit=true or "
+                         "privacy.accounting=paper")
+    if KEPT_CLASSIFIER_NOTE not in ledger.notes:
+        ledger.notes.append(KEPT_CLASSIFIER_NOTE)
 
 
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
@@ -129,9 +151,12 @@ class Partitions:
 
 
 @torch.no_grad()
-def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float) -> None:
+def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float, step: int) -> None:
+    """The official ``exp_mov_avg``: decay min(1 − 1/(step + 1), ``decay``) (a warm-up: the average starts at G
+    itself), over the parameters; the spectral-norm vectors (buffers here) are copied from G."""
+    rate = 1.0 - min(1.0 - 1.0 / (step + 1), decay)
     for pe, p in zip(ema.parameters(), net.parameters()):
-        pe.lerp_(p, 1.0 - decay)
+        pe.lerp_(p, rate)
     for be, b in zip(ema.buffers(), net.buffers()):
         be.copy_(b)
 
@@ -173,35 +198,36 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
 class IterationBudget:
     """Per-iteration privacy bookkeeping shared by dpac/gswgan and efsgd.
 
-    Sound accounting: one budget guard per number of sanitized paths (one sampled event with
-    ``paths`` Gaussians z/√B at rate 1/K). Paper accounting: stop at the paper analysis' cap,
-    still recording the same sound entries so ``sound_epsilon`` stays truthful.
+    An iteration is one event sampled at rate 1/K holding one Gaussian per sanitised path, each with the
+    multiplier (noise std ÷ ℓ2 sensitivity of that path's B rows) given to :meth:`allows`/:meth:`record`.
+    Sound accounting: one budget guard per kind of iteration (tuple of multipliers). Paper accounting: stop at
+    the paper analysis' cap, still recording the same entries so ``sound_epsilon`` stays truthful.
     """
 
-    def __init__(self, ledger: PrivacyLedger, entry: str, zp: float, k: int, paper_cap: int) -> None:
-        self.ledger, self.entry, self.zp, self.q, self.paper_cap = ledger, entry, zp, 1.0 / k, paper_cap
-        self.guards: dict[int, object] = {}
+    def __init__(self, ledger: PrivacyLedger, entry: str, k: int, paper_cap: int) -> None:
+        self.ledger, self.entry, self.q, self.paper_cap = ledger, entry, 1.0 / k, paper_cap
+        self.guards: dict[tuple[float, ...], object] = {}
 
-    def allows(self, it: int, paths: int) -> bool:
+    def allows(self, it: int, multipliers: tuple[float, ...]) -> bool:
         if self.ledger.accounting != "sound":
             if it >= self.paper_cap:
                 log.info("paper-analysis budget reached after %d generator iterations", it)
                 return False
             return True
-        if paths not in self.guards:
-            self.guards[paths] = self.ledger.budget_guard(self.entry, [self.zp] * paths, "poisson", self.q)
-        if not self.guards[paths].allows():
+        if multipliers not in self.guards:
+            self.guards[multipliers] = self.ledger.budget_guard(self.entry, list(multipliers), "poisson", self.q)
+        if not self.guards[multipliers].allows():
             log.info("privacy budget reached after %d generator iterations", it)
             return False
         return True
 
-    def record(self, paths: int) -> None:
+    def record(self, multipliers: tuple[float, ...]) -> None:
         if self.ledger.accounting == "sound":
-            self.guards[paths].step()
+            self.guards[multipliers].step()
         else:
             with self.ledger.sampled_event(self.entry, "poisson", self.q) as ev:
-                for _ in range(paths):
-                    ev.add_gaussian(self.zp)
+                for z in multipliers:
+                    ev.add_gaussian(z)
 
 
 def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
@@ -214,7 +240,7 @@ def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: to
     for _ in range(int(hp.critic_iters)):
         idx = parts.sample(k, b, g)
         xr, yr = x_all[idx], y_all[idx]
-        xf, _ = fake(b, yr[0])
+        xf, _ = fake(b, yr[0])  # the fakes carry the real batch's labels (official code)
         alpha = torch.rand(1, b, generator=g, device=xr.device)
         loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
                              float(hp.drift), lr, betas)
@@ -224,20 +250,22 @@ def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: to
 def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
                      gens: dict[str, torch.Generator]) -> None:
-    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition."""
+    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
+
+    As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
+    and reused by every fake step; each real step draws a fresh batch of partition k.
+    """
     if reset:
         clf.reset(init_fn, sn_init, gens["init"])
     dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
+    fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
 
     def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
         i = parts.sample(k, b, gens["data"])[0]
         return x_all[i], y_all[i]
 
-    def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        return fake(cb, torch.arange(cb, device=dev) % ncls)  # balanced labels
-
-    train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                     hp.classifier.order, float(hp.gp_weight), lr, betas)
+    train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                     hp.classifier.order, float(hp.gp_weight), lr, betas, float(hp.drift))
 
 
 class EnsembleSetup:
@@ -283,6 +311,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     check_hparams(hp, n, tuple(shape))
     K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
     c_start = classifier_start(hp)
+    check_classifier_reuse(hp, ledger, "dpac", c_start)
     betas = tuple(hp.betas)
     base = EnsembleSetup(hp, data, run, partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width)))
     gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
@@ -301,7 +330,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
-    budget = IterationBudget(ledger, ENTRY, zp, K, paper_cap)
+    budget = IterationBudget(ledger, ENTRY, K, paper_cap)
     log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s accounting", K, B, T, z_noise, zp,
              c_start, ledger.accounting)
 
@@ -318,7 +347,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     it = run.start_step
     while it < T:
         with_c = c_start is not None and it >= c_start
-        paths = 2 if with_c else 1
+        paths = (zp, zp) if with_c else (zp,)  # D, and C from t_c: noise 2Cz per row, sensitivity 2C per row
         if not budget.allows(it, paths):
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
@@ -326,19 +355,19 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
                              clf_init_fn, float(hp.lr), betas, gens)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san_d, san_c, float(hp.beta),
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san_d, san_c, float(hp.beta),
                                 B, ncls, gens["gen"])
-        budget.record(paths)  # one sampled event with `paths` Gaussians z/sqrt(B)
-        ema_update(g_ema, g_net, float(hp.ema))
+        budget.record(paths)  # one sampled event with one Gaussian z/sqrt(B) per path
+        ema_update(g_ema, g_net, float(hp.ema), it)
         it += 1
-        run.step_done(it, {"loss_d": float(loss_d.mean()), "loss_g": loss_g}, snapshot, gens)
+        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g}, snapshot, gens)  # tensors: synced at log time
     run.finish(it, snapshot(), gens)
     return g_ema.eval()
 
 
-def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None, k: int,
-                   san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
-                   g: torch.Generator) -> float:
+def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,
+                   k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
+                   g: torch.Generator) -> torch.Tensor:
     """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C(G(z), y) through the sanitisers.
 
     The per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x_i; it clips, adds noise and
@@ -355,4 +384,4 @@ def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: N
     opt_g.zero_grad(set_to_none=True)
     loss.backward()
     opt_g.step()
-    return float(loss.detach()) / b
+    return loss.detach() / b
