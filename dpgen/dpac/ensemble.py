@@ -140,8 +140,9 @@ class GeneratorStack:
     """
 
     def __init__(self, make: Callable[[], nn.Module], m: int, device: torch.device, lr: float,
-                 betas: tuple[float, float]) -> None:
+                 betas: tuple[float, float], vmapped: bool | None = None) -> None:
         nets = [make().to(device) for _ in range(m)]
+        self.vmapped = torch.device(device).type != "cpu" if vmapped is None else bool(vmapped)
         self.template = copy.deepcopy(nets[0]).eval()
         self.params, self.buffers = stack_module_state(nets)
         self.opt = torch.optim.Adam(list(self.params.values()), lr=lr, betas=betas)
@@ -157,12 +158,12 @@ class GeneratorStack:
     def __call__(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Member i's images for z[i], y[i] ([M, b, ...]).
 
-        vmap on accelerators; on a CPU a loop over members, which measured 1.2-3x faster there (vmap turns
-        the convolutions into grouped ones; bench/dpac_pretrain.py)."""
+        vmap on accelerators; by default a loop over members on a CPU, where it measured 1.2-3x faster
+        (vmap turns the convolutions into grouped ones)."""
         def one(p, bu, zz, yy):
             return functional_call(self.template, (p, bu), (zz, yy))
 
-        if z.device.type != "cpu":
+        if self.vmapped:
             return vmap(one)(self.params, self.buffers, z, y)
         return torch.stack([one({n: t[i] for n, t in self.params.items()}, {n: t[i] for n, t in self.buffers.items()},
                                 z[i], y[i]) for i in range(self.m)])
