@@ -278,8 +278,11 @@ class EnsembleSetup:
         self.gens = {"init": run.torch_generator(11), "data": run.torch_generator(12),
                      "noise": run.torch_generator(13), "gen": run.torch_generator(14)}
         self.parts = Partitions(partition_by_record(data.train.x, int(hp.num_discriminators), run.seed), dev)
-        # warm-up generators: the plain GS-WGAN architecture (efsgd's noise injection is not needed to warm up D)
-        self.make_warmup = partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width))
+        # warm-up generators: the plain GS-WGAN architecture (efsgd's noise injection is not needed to warm up D),
+        # optionally narrower than G (pretrain_g_width): K of them cost K x G's forward per critic step
+        warm_width = hp.get("pretrain_g_width")
+        self.make_warmup = partial(ResNetGenerator, ncls, shape, int(hp.z_dim),
+                                   int(hp.g_width if warm_width is None else warm_width))
         self.g_net = make_gen().to(dev)
         self.g_ema = copy.deepcopy(self.g_net)
         self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))

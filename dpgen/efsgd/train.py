@@ -44,7 +44,7 @@ from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, che
 from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
-from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
+from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std, row_sensitivity
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, clip_rows
 
@@ -199,7 +199,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, gens["noise"], K, ncls, rule)
            for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
     zp = z_noise / math.sqrt(B)
-    zp_ef = san["d"].accounted_multiplier / math.sqrt(B)  # = zp under the sound (sensitivity) rule
+    # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
+    zp_ef = ef_noise_std(c1, c2, z_noise, ef, rule) / row_sensitivity(c1, c2, ef) / math.sqrt(B)
     if ledger.accounting == "paper":
         ledger.paper_epsilon = paper_epsilon_fn(B, zp / zp_ef if zp_ef > 0 else 1.0)
     notes = [PRETRAIN_NOTE, EFSGD_NOTE]
