@@ -22,9 +22,10 @@ class NetStack:
     """K networks of one functional architecture plus their spectral-norm vectors and Adam states."""
 
     def __init__(self, init: Callable[[torch.Generator], Params], sn: Callable[[Params, torch.Generator], Params],
-                 k: int, g: torch.Generator, device: torch.device) -> None:
-        members = [init(g) for _ in range(k)]
-        us = [sn(m, g) for m in members]
+                 k: int, g: torch.Generator, device: torch.device, shared_init: bool = False) -> None:
+        """``shared_init``: every member starts from the same random draw (data-independent, so no privacy cost)."""
+        members = [init(g)] * k if shared_init else [init(g) for _ in range(k)]
+        us = [sn(members[0], g)] * k if shared_init else [sn(m, g) for m in members]
         self.params = {n: torch.stack([m[n] for m in members]).to(device) for n in members[0]}
         self.u = {n: torch.stack([m[n] for m in us]).to(device) for n in us[0]}
         self.m = {n: torch.zeros_like(t) for n, t in self.params.items()}
@@ -140,8 +141,9 @@ class GeneratorStack:
     """
 
     def __init__(self, make: Callable[[], nn.Module], m: int, device: torch.device, lr: float,
-                 betas: tuple[float, float], vmapped: bool | None = None) -> None:
-        nets = [make().to(device) for _ in range(m)]
+                 betas: tuple[float, float], vmapped: bool | None = None, shared_init: bool = False) -> None:
+        nets = [make().to(device)]
+        nets += [copy.deepcopy(nets[0]) if shared_init else make().to(device) for _ in range(m - 1)]
         self.vmapped = torch.device(device).type != "cpu" if vmapped is None else bool(vmapped)
         self.template = copy.deepcopy(nets[0]).eval()
         self.params, self.buffers = stack_module_state(nets)
@@ -150,10 +152,11 @@ class GeneratorStack:
         # torch spectral_norm keeps (u, v) as buffers "<prefix>.0._u" / "._v" of the weight "<prefix>.original"
         self.sn = [(n[:-len("0._u")] + "original", n, n[:-1] + "v") for n in self.buffers if n.endswith("._u")]
 
-    def sample_z(self, b: int, g: torch.Generator) -> torch.Tensor:
-        """[M, b, z_dim] latent codes (the template's own prior)."""
+    def sample_z(self, b: int, g: torch.Generator, n: int | None = None) -> torch.Tensor:
+        """[n, b, z_dim] latent codes from the template's own prior (n = M by default)."""
+        n = self.m if n is None else n
         dev = next(iter(self.params.values())).device
-        return self.template.sample_z(self.m * b, g, dev).view(self.m, b, -1)
+        return self.template.sample_z(n * b, g, dev).view(n, b, -1)
 
     def __call__(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Member i's images for z[i], y[i] ([M, b, ...]).

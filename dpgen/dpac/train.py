@@ -174,23 +174,28 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
     labels (official code).
     """
     iters, critic, chunk, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.pretrain_chunk), int(hp.batch_size)
-    dev, lr, betas = x_all.device, float(hp.lr), tuple(hp.betas)
+    dev, lr, betas, shared = x_all.device, float(hp.lr), tuple(hp.betas), bool(hp.get("shared_init", False))
+
     for lo in range(0, len(disc), chunk):
         members = torch.arange(lo, min(lo + chunk, len(disc)), device=dev)
         m = len(members)
-        gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas)
+        gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas, shared_init=shared)
+        n_draw = 1 if shared else m  # with shared_init the members also share z, labels and alpha
+
+        def z_draw() -> torch.Tensor:
+            return gens.sample_z(b, g, n_draw).expand(m, -1, -1)
+
         for _ in range(iters):
             for _ in range(critic):
                 idx = parts.sample(members, b, g)
                 xr, yr = x_all[idx], y_all[idx]
                 with torch.no_grad():
-                    xf = gens(gens.sample_z(b, g), yr)
-                alpha = torch.rand(m, b, generator=g, device=dev)
+                    xf = gens(z_draw(), yr)
+                alpha = torch.rand(n_draw, b, generator=g, device=dev).expand(m, -1)
                 critic_step(disc, disc_forward, members, xr, yr, xf, yr, alpha, float(hp.gp_weight),
                             float(hp.drift), lr, betas)
-            y = torch.randint(0, num_classes, (m, b), generator=g, device=dev)
-            gens.step(lambda x: -batched_forward(disc, disc_forward, members, x, y).mean(1).sum(),
-                      gens.sample_z(b, g), y)
+            y = torch.randint(0, num_classes, (n_draw, b), generator=g, device=dev).expand(m, -1)
+            gens.step(lambda x: -batched_forward(disc, disc_forward, members, x, y).mean(1).sum(), z_draw(), y)
         log.info("pre-trained discriminators %d..%d: %d warm-up generator iterations x %d critic steps",
                  lo, lo + m - 1, iters, critic)
 
@@ -247,6 +252,29 @@ def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: to
     return loss_d, xr, yr
 
 
+def refresh_phase(disc: NetStack, parts: "Partitions", it: int, x_all: torch.Tensor, y_all: torch.Tensor,
+                  fake, hp: DictConfig, lr: float, betas: tuple, g: torch.Generator) -> None:
+    """One critic step for ``refresh_chunk`` discriminators (round robin over all K), each on its own partition,
+    against one shared batch of the current G's fakes.
+
+    Not in the papers, where only the sampled D_k trains: with few generator iterations per discriminator (a
+    CPU run) the others go stale. It releases nothing and keeps every D_j on partition j alone, so the
+    per-partition argument and the ledger are unchanged (G is already public post-processing).
+    """
+    k = len(disc)
+    m = min(int(hp.get("refresh_chunk") or 0), k)
+    if m <= 0:
+        return
+    dev, b = x_all.device, int(hp.batch_size)
+    members = (torch.arange(m, device=dev) + it * m) % k
+    idx = parts.sample(members, b, g)
+    xr, yr = x_all[idx], y_all[idx]
+    xf, yf = fake(b)
+    alpha = torch.rand(m, b, generator=g, device=dev)
+    critic_step(disc, disc_forward, members, xr, yr, xf.expand(m, *xf.shape), yf.expand(m, b), alpha,
+                float(hp.gp_weight), float(hp.drift), lr, betas)
+
+
 def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
                      gens: dict[str, torch.Generator]) -> None:
@@ -287,7 +315,7 @@ class EnsembleSetup:
         self.g_ema = copy.deepcopy(self.g_net)
         self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
         self.disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, int(hp.num_discriminators),
-                             self.gens["init"], dev)
+                             self.gens["init"], dev, shared_init=bool(hp.get("shared_init", False)))
         self.clf_init = partial(clf_init, ncls, shape, int(hp.d_width))
         self.clf = NetStack(self.clf_init, sn_init, 1, self.gens["init"], dev)
 
@@ -355,6 +383,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
         loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
                              clf_init_fn, float(hp.lr), betas, gens)

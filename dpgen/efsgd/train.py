@@ -40,7 +40,8 @@ from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, disc_forward, power_iteration, sn_init
 from dpgen.dpac.nets import onehot
 from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
-                              check_ensemble_hparams, classifier_phase, critic_phase, ema_update)
+                              check_ensemble_hparams, classifier_phase, critic_phase, ema_update,
+                              refresh_phase)
 from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
@@ -189,7 +190,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                                                 int(hp.g_width), bool(hp.noise_injection), float(hp.sigma_noise)))
     gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
     disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
-    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev)
+    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev,
+                    shared_init=bool(hp.get("shared_init", False)))
            if recon else None)
 
     state = run.resume_state["state"] if run.resume_state else None
@@ -249,6 +251,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)
         loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, gens["data"])
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, gens["data"])
         recon_batch = None
         if recon:  # E_k on D's last real batch (same samples and labels), then the released code
             x_rec, y_rec = xr[0], yr[0]
