@@ -3,7 +3,7 @@
 One iteration = one teacher training step on (real, fake) + every teacher's ∂L/∂x on the fake
 batch (what DPGradAgg consumes).  Both variants run in this process on the same parameters.
 The batched variant is TeacherEnsemble (grouped convolutions / bmm, fused Adam); ``--layout`` picks the
-memory layout of its grouped convolutions (channels-last is the default in dpgen.gpate.nets); ``--vmap``
+memory layout of its grouped convolutions (NCHW is dpgen.gpate.nets' default); ``--vmap``
 also times the older torch.func.vmap path on the same ensemble.  The loop costs the same for every
 teacher, so with ``--loop-teachers m < n`` only m teachers are looped and the time is scaled by n/m.
 
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--df-dim", type=int, default=32)
     ap.add_argument("--dfc-dim", type=int, default=256)
     ap.add_argument("--norm", default="batch", choices=["none", "layer", "batch"])
-    ap.add_argument("--layout", default="channels_last", choices=["channels_last", "nchw"])
+    ap.add_argument("--layout", default="nchw", choices=["channels_last", "nchw"])
     ap.add_argument("--chunk", type=int, default=0, help="teachers per chunk (0: all)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -108,6 +108,7 @@ def _attach_ledger(monkeypatch, spy: Spy) -> None:
     ((), "sound"),  # quick defaults: calibrated sigmas, README threshold ratio
     (("gpate.thresh=null",), "sound"),  # plain GNMax: no threshold check
     (("gpate.thresh=0", "gpate.sigma_ratio=1.5", "gpate.teacher_fakes=official", "gpate.teacher_norm=batch"), "sound"),
+    (("gpate.thresh=0.5", "gpate.work_size=14", "gpate.projection=dct", "gpate.proj_basis=20"), "sound"),
     (("gpate.noise=readme", "gpate.sigma1=60", "gpate.sigma2=10"), "paper"),
 ])
 def test_spy_mechanisms_receive_what_the_ledger_records(monkeypatch, tmp_path, digits, overrides, accounting):
@@ -295,3 +296,29 @@ def test_no_host_sync_per_training_step(tmp_path, digits, accounting):
                             accounting=accounting, checkpoint_every=1000)
         counts.append(sorted(mode.syncs))
     assert counts[0] == counts[1], f"per-step syncs: {sorted(set(counts[1]) - set(counts[0]))}"
+
+
+@pytest.mark.parametrize("accounting,overrides", [
+    ("sound", ()),
+    ("paper", ("gpate.teacher_fakes=official", "gpate.teacher_norm=batch", "gpate.noise=readme", "gpate.sigma1=60",
+               "gpate.sigma2=10")),
+])
+def test_resume_matches_the_uninterrupted_run(tmp_path, digits, accounting, overrides):
+    """Stopped after iteration 3 and resumed: the released generator, teachers, partition position, ledger and
+    (paper) data-dependent RDP are those of the uninterrupted run."""
+    from dpgen.core.run import TrainingInterrupted
+
+    args = ("gpate", *overrides, "gpate.iters=6", "log_every=4")
+    full, full_ledger, _ = train_in_memory(args[0], tmp_path / "full", *args[1:], data=digits, accounting=accounting)
+    with pytest.raises(TrainingInterrupted):
+        train_in_memory(args[0], tmp_path / "cut", *args[1:], data=digits, accounting=accounting, stop_after=3)
+    gen, ledger, _ = train_in_memory(args[0], tmp_path / "cut", *args[1:], data=digits, accounting=accounting,
+                                     resume=True)
+    assert [e.to_dict() for e in ledger.entries] == [e.to_dict() for e in full_ledger.entries]
+    assert ledger.report_epsilon() == full_ledger.report_epsilon()
+    for k, v in gen.state_dict().items():
+        torch.testing.assert_close(v, full.state_dict()[k], rtol=0, atol=0, msg=f"generator {k}")
+    a, b = _checkpoint(tmp_path / "full")["state"], _checkpoint(tmp_path / "cut")["state"]
+    assert a["sampler"] == b["sampler"] and a["rdp_cum"] == b["rdp_cum"] and a["agreement_sum"] == b["agreement_sum"]
+    for k in a["teachers"]["params"]:
+        assert torch.equal(a["teachers"]["params"][k], b["teachers"]["params"][k]), k

@@ -142,9 +142,9 @@ class TeacherCNN(nn.Module):
         self.bn3 = make_norm(norm, dfc_dim)
         self.fc2 = nn.Linear(dfc_dim + k, 1)
         self.norm_eps = 1e-5
-        #: stacked_forward's convolutions in channels-last layout (faster grouped convolutions, see
-        #: bench/gpate_ensemble.py --layout); the function is the same
-        self.channels_last = True
+        #: stacked_forward's convolutions in channels-last layout (same function).  Off: on a 2-core CPU it
+        #: measured 0.94-1.06x of NCHW for a whole iteration (bench/gpate_ensemble.py --layout); untested on GPUs
+        self.channels_last = False
         dcgan_init_(self)
 
     def _norm(self, layer: nn.Module | None, h: torch.Tensor) -> torch.Tensor:
