@@ -39,7 +39,7 @@ def _checkpoint(run_dir):
 class Spy:
     """Wraps Confident-GNMax, the vote clipping, the Laplace prior and every teacher batch of one train() call."""
 
-    def __init__(self, monkeypatch, data, n_teachers: int, seed: int = 0) -> None:
+    def __init__(self, monkeypatch, data, n_teachers: int, seed: int = 0, work_size: int | None = None) -> None:
         self.gnmax: list[dict] = []
         self.clips: list[float] = []
         self.laplace: list[float] = []
@@ -50,6 +50,8 @@ class Spy:
             x = gpate_train.to_model_space(torch.as_tensor(data.train.x, dtype=torch.float32))
         else:
             x = gpate_train.to_float(data.train.x)
+            if work_size:
+                x = torch.nn.functional.interpolate(x, size=(work_size, work_size), mode="area")
         # each teacher's records as the teachers see them (bytes of features + label): what its batch may contain
         self.allowed = [set() for _ in range(n_teachers)]
         for r in range(len(x)):
@@ -105,14 +107,15 @@ def _attach_ledger(monkeypatch, spy: Spy) -> None:
 
 
 @pytest.mark.parametrize("overrides,accounting", [
-    ((), "sound"),  # quick defaults: calibrated sigmas, README threshold ratio
-    (("gpate.thresh=null",), "sound"),  # plain GNMax: no threshold check
+    ((), "sound"),  # quick defaults: calibrated sigma2, no threshold check (plain GNMax)
+    (("gpate.thresh=0.5",), "sound"),  # the README threshold and sigma1 = 6 sigma2
     (("gpate.thresh=0", "gpate.sigma_ratio=1.5", "gpate.teacher_fakes=official", "gpate.teacher_norm=batch"), "sound"),
     (("gpate.thresh=0.5", "gpate.work_size=14", "gpate.projection=dct", "gpate.proj_basis=20"), "sound"),
-    (("gpate.noise=readme", "gpate.sigma1=60", "gpate.sigma2=10"), "paper"),
+    (("gpate.noise=readme", "gpate.sigma1=60", "gpate.sigma2=10", "gpate.thresh=0.5"), "paper"),
 ])
 def test_spy_mechanisms_receive_what_the_ledger_records(monkeypatch, tmp_path, digits, overrides, accounting):
-    spy = Spy(monkeypatch, digits, n_teachers=6)
+    work_size = dict(o.split("=") for o in overrides).get("gpate.work_size")
+    spy = Spy(monkeypatch, digits, n_teachers=6, work_size=int(work_size) if work_size else None)
     _attach_ledger(monkeypatch, spy)
     _, ledger, run = train_in_memory("gpate", tmp_path, *overrides, "gpate.iters=4", data=digits,
                                      accounting=accounting)
@@ -127,7 +130,7 @@ def test_spy_mechanisms_receive_what_the_ledger_records(monkeypatch, tmp_path, d
         sens = SENSITIVITY if thresholded else SENSITIVITY[1:]
         assert released == pytest.approx([z * s for z, s in zip(entry.noise_multipliers, sens)], rel=1e-12)
         assert all(s > 0 for s in released)
-    thresh = dict(o.split("=") for o in overrides).get("gpate.thresh", "0.5")
+    thresh = dict(o.split("=") for o in overrides).get("gpate.thresh", "null")
     expect_t = None if thresh == "null" else float(thresh) * 6
     assert all(c["threshold"] == expect_t for c in spy.gnmax)
     assert cfg["threshold"] == expect_t
@@ -191,7 +194,7 @@ def test_paper_accounting_stops_where_the_data_dependent_epsilon_would_cross(mon
     spy = Spy(monkeypatch, digits, n_teachers=6)
     _attach_ledger(monkeypatch, spy)
     _, ledger, run = train_in_memory("gpate", tmp_path, "gpate.noise=readme", "gpate.sigma1=30", "gpate.sigma2=30",
-                                     "gpate.iters=400", f"log_every={log_every}", eps=3.0, data=digits,
+                                     "gpate.thresh=0.5", "gpate.iters=400", f"log_every={log_every}", eps=3.0, data=digits,
                                      accounting="paper")
     cum = np.zeros(len(rdp.PAPER_ORDERS))
     stop = None

@@ -261,8 +261,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     g_net = dcgan_init_(g_net).to(dev)  # official initialisation (resumed runs load their weights below)
     ens = TeacherEnsemble(make_teacher, n_t, dev, chunk=balanced_chunk(n_t, hp.chunk), lr=float(hp.lr),
                           betas=tuple(hp.betas), seed=run.seed)
-    g_lr = float(hp.lr) if hp.get("g_lr") is None else float(hp.g_lr)
-    opt_g = torch.optim.Adam(g_net.parameters(), lr=g_lr, betas=tuple(hp.betas))
+    opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr), betas=tuple(hp.betas))
     prior_t = torch.tensor(prior, device=dev) if prior is not None else None
     basis = dct_basis(tuple(work_shape), cfg["proj_basis"], dev) if cfg["projection"] == "dct" else None
 
