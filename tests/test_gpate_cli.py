@@ -36,7 +36,7 @@ def test_gpate_cli_run_writes_the_contract(tmp_path):
     assert abs(r2g * 200 - round(r2g * 200)) < 1e-6, "an accuracy over the 200 synthetic samples"
     payload = torch.load(run / "generator.pt", weights_only=True)
     assert payload["class"] == "dpgen.gpate.nets:GPateGenerator"
-    assert payload["kwargs"]["sample_stats"] == "batch" and payload["kwargs"]["sample_group"] == 4
+    assert payload["kwargs"]["sample_stats"] == "running" and payload["kwargs"]["sample_group"] == 4  # quick profile
     assert not any("teacher" in k or k.startswith(("conv", "bn")) for k in payload["state_dict"])
     # metrics.json's agreement is the mean of the per-iteration agreements the log shows (log_every=1)
     logged = [float(m) for m in re.findall(r"agreement=([0-9.e+-]+)", (run / "train.log").read_text())]
