@@ -102,7 +102,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         cx, cy = query_central(central, x_all, y_all, k, num_images=int(hp.num_central), q=int(hp.central_batch) / n,
                                sigma=0.0 if ledger.privacy_off else float(hp.central_sigma), ledger=ledger,
                                generator=gens["central"],
-                               clip=hp.central_clip, bins=hp.bins)
+                               clip=hp.central_clip, bins=hp.bins, post=str(hp.get("central_post", "official")))
         log.info("feta: %d %s images queried, epsilon so far %.4f", len(cx), central, ledger.epsilon())
     else:
         cx = cy = None
@@ -139,7 +139,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         opt_w.step()
         ema_update(ema, model, ema_decay)
         step += 1
-        run.step_done(step, {"loss_warm": loss.item()}, snapshot, gens)
+        run.step_done(step, {"loss_warm": loss.detach()}, snapshot, gens)  # read every log_every steps only
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
     backend = str(hp.get("grad_backend", "torch_func"))
