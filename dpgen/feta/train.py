@@ -84,12 +84,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     central = str(hp.central)
     unet = unet_kwargs(hp)
     sampler = OmegaConf.to_container(hp.sampler, resolve=True)
-    model = FetaGenerator(k, shape, unet, sampler).to(dev)
+    model = FetaGenerator(k, shape, unet, sampler, chunk=hp.get("sample_chunk")).to(dev)
     ema = copy.deepcopy(model).requires_grad_(False)
     log.info("feta: UNet with %d parameters, central=%s", sum(p.numel() for p in model.parameters()), central)
     gens = {"central": run.torch_generator(1), "warm": run.torch_generator(2), "sample": run.torch_generator(3),
-            "loss": run.torch_generator(4), "noise": run.torch_generator(5),
-            "aug": torch.Generator().manual_seed(run.seed * 1_000_003 + 6)}  # augmentation runs on CPU
+            "loss": run.torch_generator(4), "noise": run.torch_generator(5), "aug": run.torch_generator(6)}
     state = run.resume_state["state"] if run.resume_state else None
     warm_iters = int(hp.warmup_iters) if central != "none" else 0
     total = warm_iters + int(hp.iters)
@@ -131,7 +130,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     bag = AugmentBag(int(hp.aug_ops), int(hp.aug_magnitude))
     while step < warm_iters:
         idx = torch.randint(len(cx), (int(hp.warmup_batch),), generator=gens["warm"], device=dev)
-        xb = bag(cx[idx].cpu(), gens["aug"]).to(dev) * 2 - 1
+        xb = bag(cx[idx], gens["aug"]) * 2 - 1
         yb = drop_labels(cy[idx], drop, null, gens["warm"])
         loss = edm_loss(model.net, xb, yb, gens["warm"]).mean()
         opt_w.zero_grad(set_to_none=True)
