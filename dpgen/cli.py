@@ -76,7 +76,8 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
         variants = _override_variants([a for a in overrides if not a.startswith("hydra")])
     except Exception as exc:  # noqa: BLE001 - Hydra's parse errors
         raise DpgenError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
-    for variant in variants:
+    configs = []
+    for variant in variants:  # every job's config, typed and checked without data first ...
         try:
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=variant)
@@ -87,6 +88,9 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
             raise explain_config_error(exc, _given(variant)) from None
         if config_name == "train":
             validate(cfg)
+        configs.append(cfg)
+    if config_name == "train":
+        for cfg in configs:  # ... then the data each job reads
             _check_inputs(cfg)
 
 

@@ -3,7 +3,8 @@
 ``generator.pt`` holds only what a method releases: the class to rebuild, its constructor
 arguments and its weights. Anything trained without DP (discriminators, teachers, error
 states, encoders) never enters it; :func:`save_generator` refuses modules that are not a
-:class:`ReleasedGenerator`.
+registered :class:`ReleasedGenerator`. :func:`load_generator` treats the file as untrusted input
+(README "Sharing and loading generators").
 """
 from __future__ import annotations
 
@@ -83,9 +84,13 @@ def _class_path(obj: object) -> str:
 
 
 def save_generator(module: ReleasedGenerator, path: str | os.PathLike, meta: dict | None = None) -> None:
-    """Write the released generator atomically (temp file + rename)."""
+    """Write the released generator atomically (temp file + rename); its class must be registered."""
+    from dpgen.core.methods import RELEASED_GENERATORS
+
     if not isinstance(module, ReleasedGenerator):
         raise TypeError("only a ReleasedGenerator may be released")
+    if _class_path(module) not in RELEASED_GENERATORS:  # else load_generator would refuse the file
+        raise TypeError(f"{_class_path(module)} is not in dpgen.core.methods.RELEASED_GENERATORS; register it there")
     payload = {
         "format": FORMAT,
         "class": _class_path(module),
@@ -115,9 +120,11 @@ def load_generator(path: str | os.PathLike, device: str | torch.device = "cpu") 
                          "a released generator may have; refusing to read it")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise DpgenError(f"generator file {path} refused: it holds pickled Python objects, and only plain values "
-                         "and tensors are ever loaded (weights_only)") from None
+    except pickle.UnpicklingError as exc:
+        if "global" in str(exc).lower():  # weights_only met a reference to code (a class, a function)
+            raise DpgenError(f"generator file {path} refused: it holds pickled Python objects, and only plain "
+                             "values and tensors are ever loaded (weights_only)") from None
+        raise DpgenError(f"generator file {path} is corrupt or unreadable (not a torch file)") from None
     except Exception as exc:  # noqa: BLE001 - any failure here means the file is unusable
         reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
         raise DpgenError(f"generator file {path} is corrupt or unreadable ({type(exc).__name__}: {reason})") from None

@@ -316,13 +316,15 @@ def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
         raise DpgenError(f"{cfg_file} is larger than a run config can be ({MAX_RUN_CONFIG_BYTES // 1024} KiB)")
     try:
         raw = OmegaConf.load(cfg_file)
-        if not isinstance(raw, DictConfig):
-            raise ValueError("not a mapping")
+    except Exception as exc:  # noqa: BLE001 - YAML errors
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: unreadable YAML ({type(exc).__name__})") from None
+    if not isinstance(raw, DictConfig):
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: not a mapping")
+    try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainSchema), raw)
         OmegaConf.set_struct(cfg, True)
-    except Exception as exc:  # noqa: BLE001 - YAML and schema errors
-        err = explain_config_error(exc) if not isinstance(exc, ValueError) else DpgenError(str(exc))
-        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {err}") from None
+    except Exception as exc:  # noqa: BLE001 - schema errors
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {explain_config_error(exc)}") from None
     try:
         check_config(cfg)
     except DpgenError as exc:
