@@ -43,4 +43,4 @@ class GpateHparams:
                              f"(got sigma1={node.sigma1}, sigma2={node.sigma2})")
         n = ctx.facts.n_train
         if n is not None and node.teachers is not None and int(node.teachers) > n:
-            raise bad(f"{key}.teachers", node.teachers, f"at most N={n} (at least one record per teacher)")
+            raise bad(f"{key}.teachers", node.teachers, f"at most N={n} (more would leave fewer than one record per teacher)")
