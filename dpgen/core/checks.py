@@ -186,7 +186,7 @@ def check_batch_le_n(node: Any, key: str, ctx: CheckContext, *names: str) -> Non
             raise bad(f"{key}.{name}", v, f"an integer between 1 and N={n} (the training set size)")
 
 
-def check_max_image_size(key: str, ctx: CheckContext, max_px: int, method: str) -> None:
+def check_max_image_size(ctx: CheckContext, max_px: int, method: str) -> None:
     shape = ctx.facts.shape
     if shape is not None and (ctx.facts.tabular or len(shape) != 3 or shape[1] > max_px or shape[2] > max_px):
         raise DpgenError(f"dataset={ctx.cfg.dataset.name} is invalid for method={method}: it generates images up to "

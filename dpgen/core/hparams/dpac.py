@@ -45,7 +45,7 @@ class EnsembleHparams:
 
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
-        check_max_image_size(key, ctx, 32, str(ctx.cfg.method.name))
+        check_max_image_size(ctx, 32, str(ctx.cfg.method.name))
         check_betas(node, key)
         check_batch_le_n(node, key, ctx, "num_discriminators")
 
