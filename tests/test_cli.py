@@ -161,7 +161,7 @@ def test_bad_sweep_value_is_caught_before_any_run(tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
     code, _, err = call(capsys, "train", "-m", *TINY, "eps=1,-1")
-    assert "eps must be a positive number or inf, got -1" in one_error(code, err)
+    assert "eps (target epsilon) must be a positive number or inf, got -1" in one_error(code, err)
     assert not (tmp_path / "outputs").exists()
 
 

@@ -86,7 +86,7 @@ def _refused(capsys, workdir, *args: str) -> str:
 
 # The six values of issue 17 that used to end in a traceback (five after creating the run directory).
 @pytest.mark.parametrize("args, needle", [
-    (["eps=abc"], "eps must be a positive number or inf, got 'abc'"),
+    (["eps=abc"], "eps (target epsilon) must be a positive number or inf, got 'abc'"),
     (["seed=-1"], "seed=-1 is invalid; expected an integer >= 0"),
     (["data_root=/proc/x"], "data_root='/proc/x' is invalid; expected a directory that exists or can be created"),
     (["dpgan.clip=-1"], "dpgan.clip=-1.0 is invalid; expected a number > 0"),
@@ -110,7 +110,7 @@ def _refused(capsys, workdir, *args: str) -> str:
     (["dataset=nope"], "unknown dataset 'nope'"),
     (["dataset=mnist"], "mnist"),
     (["delta=0.01"], "1/N"),
-    (["-m", "eps=1,abc"], "eps must be a positive number or inf, got 'abc'"),
+    (["-m", "eps=1,abc"], "eps (target epsilon) must be a positive number or inf, got 'abc'"),
     (["-m", "seed=0,-3"], "seed=-3 is invalid"),
     (["-m", "dpgan.clip=1,0"], "dpgan.clip=0.0 is invalid"),
 ])
