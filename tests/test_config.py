@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from inprocess import call, files_in, one_error
+from inprocess import call, one_error
 
 from dpgen.core.config import register_configs
 from dpgen.core.methods import CONFIG_DIR, METHODS, available

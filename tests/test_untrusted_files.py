@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from omegaconf import OmegaConf
 from conftest import run_script
 from inprocess import call, files_in, one_error
 
-from dpgen.core.generator import FORMAT, MAX_GENERATOR_ELEMENTS, ReleasedGenerator, load_generator, save_generator
+from dpgen.core.generator import MAX_GENERATOR_ELEMENTS, ReleasedGenerator, load_generator, save_generator
 from dpgen.core.methods import RELEASED_GENERATORS, released_generator_class
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator
@@ -350,17 +348,16 @@ def test_crafted_run_config_cannot_import_a_module(interrupted, capsys, tmp_path
 
 
 @pytest.mark.parametrize("edit, needle", [
-    ("method:\n  name: dpgan\n  module: dpgen.dpgan\n  hparams: dpgan\nnot_a_key: 1\n", "unknown key not_a_key"),
-    ("- a list\n", "not a valid dpgen run config"),
-    ("seed: [1, 2]\n", "seed"),
+    (lambda text: text + "not_a_key: 1\n", "unknown key not_a_key"),
+    (lambda text: "- a list\n", "not a mapping"),
+    (lambda text: text.replace("seed: 0", "seed: [1, 2]"), "seed"),
+    (lambda text: text.replace("seed: 0", "seed: -4"), "seed=-4 is invalid"),
+    (lambda text: "{{{", "unreadable YAML"),
+    (lambda text: text * 20000, "larger than a run config"),
 ])
 def test_damaged_run_config_is_one_line(interrupted, capsys, edit, needle):
     cfg_file = interrupted / ".hydra" / "config.yaml"
-    if edit.startswith("-"):
-        cfg_file.write_text(edit)
-    else:
-        cfg = OmegaConf.merge(OmegaConf.load(cfg_file), OmegaConf.create(edit)) if "not_a_key" not in edit else None
-        cfg_file.write_text(OmegaConf.to_yaml(cfg) if cfg is not None else cfg_file.read_text() + "not_a_key: 1\n")
+    cfg_file.write_text(edit(cfg_file.read_text()))
     code, err = _resume(capsys, interrupted)
     assert needle in one_error(code, err)
 
