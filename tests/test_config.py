@@ -2,6 +2,7 @@
 value refused in one line before anything exists, and dataset=celeba|ffhq (the method's paper setting)."""
 from __future__ import annotations
 
+import pickle
 import shutil
 
 import pytest
@@ -58,6 +59,7 @@ def test_every_method_config_resolves_and_fits_the_schema(method, profile):
     cfg = _compose(f"method={method}", f"profile={profile}", "dataset=fmnist")
     OmegaConf.resolve(cfg)
     check_config(cfg)  # every yaml key declared and typed, every value in range
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # joblib sweep workers get the typed config by pickle
     assert cfg.method.name == method and cfg[cfg.method.hparams]
     assert (cfg.method.module, cfg.method.hparams) == (METHODS[method].module, METHODS[method].hparams)
 

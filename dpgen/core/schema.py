@@ -96,7 +96,9 @@ def _eval_schema() -> type:
 
         resolve_config(node)
 
-    return dataclasses.make_dataclass("EvalSchema", fields, namespace={"cross_check": staticmethod(cross_check)})
+    # __module__: configs are pickled by reference (joblib sweep workers), so the class must be importable here
+    return dataclasses.make_dataclass("EvalSchema", fields, namespace={"cross_check": staticmethod(cross_check),
+                                                                       "__module__": __name__})
 
 
 EvalSchema = _eval_schema()
