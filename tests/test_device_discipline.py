@@ -57,8 +57,9 @@ CASES = {
 #: "resume" = restored tensors used off the run's device), regenerate with
 #: ``pytest -s tests/test_device_discipline.py -k "test_device_discipline"``:
 #:
-#: dpgan (3 syncs/step, budget 1): dpgan/train.py:135 sync Tensor.item 2/step; train.py:25 sync nonzero 1/step
-#:     (the Poisson batch, within budget); train.py:116 factory-without-device torch.zeros (before step 1).
+#: dpgan (1 sync/step, within budget 1: train.py:28 nonzero, the Poisson batch; main's e23f3b4 removed the two
+#:     .item() per step): dpgan/train.py:119 factory-without-device torch.zeros(()) (loss placeholder after
+#:     Run.start, before step 1).
 #: gswgan (3/step, budget 0): dpac/train.py:328 int(k), :333 float(loss_d.mean()), :357 float(loss) 1/step each;
 #:     setup: dpac/nets.py:85,101,103,111,118 generator-without-device torch.randn (crash on CUDA);
 #:     resume: dpac/ensemble.py:66-67 keeps the checkpoint's CPU tensors, used at ensemble.py:46-55,79,94,100
@@ -80,7 +81,7 @@ CASES = {
 #:     augmentation input), :142 loss.item().
 #: dpdm (4/step, budget 1): feta/dpsgd.py:77 3/step, feta/central.py:23 1/step.
 PENDING: dict[str, set[tuple[str, str]]] = {
-    "dpgan": {("dpgen/dpgan/train.py", "sync"), ("dpgen/dpgan/train.py", "factory-without-device")},
+    "dpgan": {("dpgen/dpgan/train.py", "factory-without-device")},
     "gswgan": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
                ("dpgen/dpac/ensemble.py", "restored-off-device"), ("dpgen/dpac/nets.py", "restored-off-device")},
     "dpac": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
