@@ -24,6 +24,15 @@ checkpointing inside ``Run.step_done`` / ``Run.finish`` are not counted (they ha
 own: a factory inside a library is the library's business, a sync inside a library called from ``dpgen``
 is counted at the ``dpgen`` call site (a GPU stalls the same), except in ``torch/optim`` (its step counters
 are CPU tensors by design, whatever the parameters' device).
+
+Everything runs on the CPU, so the harness tracks which tensors a CUDA run would keep on the host: results
+of ``.cpu()``, of factories without ``device=`` and of draws from a CPU generator (``torch.Generator()``,
+not ``Run.torch_generator``) inside a step become :class:`Host` tensors, and reading them back is no sync.
+Checkpoint tensors of a resumed run become :class:`Restored` ones: a stand-in for "still on the
+checkpoint's device" until ``.to(device)`` or a copy into a device tensor places them.
+
+Limits: a ``torch.device`` object cannot be told from the run's device on a CPU, so ``.to(x.device)`` is
+never a sync and only a literal ``"cpu"`` is; host tensors are tracked inside steps only.
 """
 from __future__ import annotations
 
@@ -294,23 +303,17 @@ class _FunctionMode(TorchFunctionMode):
                 host_result = rec.add("factory-without-device", name, in_step_only=True, direct_only=True)
         if name in _GLOBAL_RNG and kwargs.get("generator") is None:
             rec.add("global-rng", name, in_step_only=True, direct_only=True)
-        if name.endswith("one_hot") and int(kwargs.get("num_classes", args[1] if len(args) > 1 else -1)) > 0:
-            # one_hot's CPU kernel reads min/max back to check the labels; with num_classes its CUDA kernel does not
-            rec.in_sync += 1
-            try:
-                return func(*args, **kwargs)
-            finally:
-                rec.in_sync -= 1
-        if _sync_kind(name, args, kwargs) and not isinstance(_operand(name, args, kwargs), Host):
+        # one_hot's CPU kernel reads min/max back to check the labels; given num_classes, its CUDA kernel does not
+        quiet = name.endswith("one_hot") and int(kwargs.get("num_classes", args[1] if len(args) > 1 else -1)) > 0
+        sync = not quiet and _sync_kind(name, args, kwargs) and not isinstance(_operand(name, args, kwargs), Host)
+        if sync:
             rec.add("sync", name, in_step_only=True, direct_only=False)
             host_result = host_result or name in ("Tensor.cpu", "Tensor.to")
-            rec.in_sync += 1
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                rec.in_sync -= 1
-        else:
+        rec.in_sync += int(quiet or sync)  # the dispatch mode must not count this call's aten ops again
+        try:
             out = func(*args, **kwargs)
+        finally:
+            rec.in_sync -= int(quiet or sync)
         # host tensors are tracked inside steps only: setup moves its host tensors wholesale (Module.to), which
         # the tracking cannot follow through module attributes
         return _as_host(out) if host_result and rec.in_step and not rec.paused else out
@@ -345,8 +348,7 @@ def _run_hooks(rec: _Recorder) -> Iterator[None]:
     import dpgen.core.run as run_mod
     from dpgen.core.run import Run
 
-    orig_start, orig_done, orig_finish, orig_gen = Run.start, Run.step_done, Run.finish, Run.torch_generator
-    orig_close = Run.close
+    orig_start, orig_gen, orig_close = Run.start, Run.torch_generator, Run.close
 
     def torch_generator(self, *a, **k):
         g = orig_gen(self, *a, **k)
@@ -357,26 +359,22 @@ def _run_hooks(rec: _Recorder) -> Iterator[None]:
         rec.start()
         return orig_start(self, *a, **k)
 
-    def step_done(self, *a, **k):
-        rec.step_done()
-        rec.paused += 1
-        try:
-            return orig_done(self, *a, **k)
-        finally:
-            rec.paused -= 1
-
     def close(self, *a, **k):
         rec.finish()  # a run stopped by debug.stop_after never reaches finish()
         return orig_close(self, *a, **k)
 
-    def finish(self, *a, **k):
-        rec.finish()
-        rec.paused += 1
-        try:
-            return orig_finish(self, *a, **k)
-        finally:
-            rec.paused -= 1
+    def paused(orig, mark):
+        """``orig`` (logging, checkpointing) not counted, after ``mark`` closes the step or the run."""
+        def wrapper(self, *a, **k):
+            mark()
+            rec.paused += 1
+            try:
+                return orig(self, *a, **k)
+            finally:
+                rec.paused -= 1
+        return wrapper
 
+    step_done, finish = paused(Run.step_done, rec.step_done), paused(Run.finish, rec.finish)
     orig_save = run_mod.atomic_save
 
     def save(obj, path, *a, **k):  # checkpoints hold plain tensors (they are loaded with weights_only=True)

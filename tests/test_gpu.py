@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
-from test_device_discipline import CASES
+from test_device_discipline import CASES, credit  # noqa: F401 (credit: the fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -40,17 +40,6 @@ def train_on(device: torch.device, method: str, run_dir, *overrides: str, data=N
     finally:
         run.close()
     return gen, ledger, run
-
-
-@pytest.fixture(scope="module")
-def credit(tmp_path_factory):
-    from fixtures_data import make_credit
-
-    from dpgen.data import load_dataset
-
-    root = tmp_path_factory.mktemp("credit")
-    make_credit(root, n=200, n_fraud=40)
-    return load_dataset("credit", str(root))
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -31,6 +33,7 @@ def test_tiny_profile_table(tmp_path, capsys, one_torch_thread):
     assert table.strip() in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_profile_runs_each_method_in_a_subprocess(tmp_path):
     rows = _bench().main(["--tiny", "--methods", "gpate", "--steps", "1", "--warmup", "1",
                           "--data-root", str(tmp_path / "data")])
