@@ -81,7 +81,6 @@ CASES = {
 #:     augmentation input), :142 loss.item().
 #: dpdm (4/step, budget 1): feta/dpsgd.py:77 3/step, feta/central.py:23 1/step.
 PENDING: dict[str, set[tuple[str, str]]] = {
-    "dpgan": {("dpgen/dpgan/train.py", "factory-without-device")},
     "gswgan": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
                ("dpgen/dpac/ensemble.py", "restored-off-device"), ("dpgen/dpac/nets.py", "restored-off-device")},
     "dpac": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
