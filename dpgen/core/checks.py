@@ -136,13 +136,15 @@ def check_block(node: Any, schema: type, key: str, ctx: CheckContext) -> None:
         raise DpgenError(f"unknown key {full}; valid keys here: {', '.join(names)}")
     for f in dataclasses.fields(schema):
         full = f"{key}.{f.name}" if key else f.name
+        if f.metadata.get("absent_ok") and OmegaConf.is_missing(node, f.name):
+            continue
         value = node[f.name]  # resolves interpolations (types were checked by OmegaConf on the way)
         sub = dataclass_in(hints[f.name])
         if sub is not None:
             if value is not None:
                 check_block(value, sub, full, ctx)
             continue
-        meta = dict(f.metadata)
+        meta = {k: v for k, v in f.metadata.items() if k != "absent_ok"}
         if not meta or value is None:
             continue
         if isinstance(value, ListConfig):

@@ -34,7 +34,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig
 
@@ -182,6 +182,9 @@ class TrainSchema:
     gpate: Optional[GpateHparams] = None
     dpaf: Optional[DpafHparams] = None
     feta: Optional[FetaHparams] = None
+    #: per-method SLURM sizing that configs/hydra/launcher/slurm.yaml adds and reads (not a job setting). Hydra
+    #: merges launcher configs before this schema, so its default must be MISSING (a None would erase them).
+    slurm: Optional[Dict[str, Any]] = field(default=MISSING, metadata={"absent_ok": True})
 
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
@@ -191,6 +194,9 @@ class TrainSchema:
         if not _DEVICE.match(str(node.device)):
             raise bad("device", node.device, "auto, cpu, cuda or cuda:<index>")
         _check_data_root(str(node.data_root))
+        if str(node.resume) == "auto":  # dpgen/core/resume.py decides it, once scripts/train.py uses it
+            raise DpgenError("resume=auto is not wired into scripts/train.py yet; pass the run directory, "
+                             "resume=<run dir>")
         if node.resume is not None and not Path(str(node.resume)).is_dir():
             raise bad("resume", node.resume, "the directory of an interrupted run")
 
