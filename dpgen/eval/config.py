@@ -52,7 +52,7 @@ def _plain(v: Any) -> Any:
 
 
 def _fail(key: str, value: Any, want: str) -> DpgenError:
-    return DpgenError(f"eval config: {key}={value!r} is invalid; expected {want}")
+    return DpgenError(f"eval.{key}={value!r} is invalid; expected {want}")  # the key as the user types it
 
 
 def _as_int(key: str, v: Any, minimum: int, allow_none: bool = False) -> int | None:
