@@ -131,5 +131,5 @@ def _check_inputs(cfg) -> None:
                              f"{exc}") from None
         raise
     validate(cfg, data)
-    if cfg.resume is not None:
+    if cfg.resume is not None and str(cfg.resume) != "auto":  # auto: checked by the job, in its own directory
         check_resume(cfg)

@@ -37,9 +37,10 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from dpgen.core.pipeline import run_training
+    from dpgen.core.resume import resume_dir
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    fresh = cfg.resume is None
+    fresh = resume_dir(cfg.resume, run_dir) is None  # resume=auto with no checkpoint yet is a fresh run too
     try:
         metrics = run_training(cfg, run_dir)
     except DpgenError as exc:

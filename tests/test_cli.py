@@ -118,6 +118,23 @@ def test_resume_gives_the_same_epsilon_as_an_uninterrupted_run(trained_run, tmp_
     assert (run_dir / ".hydra" / "config.yaml").is_file() and list((run_dir / ".hydra").glob("resume-*"))
 
 
+def test_resume_auto_starts_then_continues_in_the_jobs_own_directory(trained_run, tmp_path):
+    """resume=auto (the SLURM launcher's default): a first attempt starts fresh; a requeued attempt of the same
+    command finds its own checkpoint and continues to the uninterrupted run's ledger, keeping the first config."""
+    run_dir = tmp_path / "job"
+    args = [*TINY, *NO_REAL_CLASSIFIER, "resume=auto", f"hydra.run.dir={run_dir}"]
+    res = run_script("train.py", *args, "debug.stop_after=6", cwd=tmp_path)
+    assert res.returncode == 3, res.stderr[-2000:]
+    first_config = (run_dir / ".hydra" / "config.yaml").read_text()
+    res = run_script("train.py", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    resumed = json.loads((run_dir / "privacy.json").read_text())
+    assert resumed["entries"] == json.loads((trained_run / "privacy.json").read_text())["entries"]
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == first_config, "the first attempt's config is kept"
+    assert list((run_dir / ".hydra").glob("resume-*/config.yaml"))
+
+
 def test_the_headline_usage_line_reaches_the_data_step(tmp_path):
     """README's usage line, exactly, in a real process (the one bad-input subprocess test: exit code 2, one
     line, nothing written). Without CelebA it stops at the data with the concrete dataset named."""

@@ -104,7 +104,6 @@ def _refused(capsys, workdir, *args: str) -> str:
     (["eval.classifiers=[cnn,svm]"], "eval.classifiers"),
     (["debug.stop_after=0"], "debug.stop_after=0 is invalid"),
     (["resume=/no/such/run"], "resume='/no/such/run' is invalid; expected the directory of an interrupted run"),
-    (["resume=auto"], "resume=auto is not wired into scripts/train.py yet"),
     (["no_such_key=1"], "unknown key no_such_key"),
     (["dpgan.no_such_key=1"], "unknown key dpgan.no_such_key"),
     (["+dpgan.no_such_key=1"], "unknown key dpgan.no_such_key"),

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpgen.io import atomic_write_json
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_generator
 from dpgen.core.methods import load_method
+from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
 from dpgen.data import load_dataset
 from dpgen.data.base import ImageDataset
@@ -88,14 +89,15 @@ def fingerprint_diff(stored: dict, current: dict) -> str | None:
     return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
 
 
-def check_resume(cfg: DictConfig) -> None:
-    """``resume=<run dir>``: the run's saved config (:func:`dpgen.core.schema.load_run_config`) and its
-    checkpoint (:func:`dpgen.core.checkpoint.load_checkpoint`, ledger included) are valid, and both were made
-    with this config's settings (:func:`fingerprint`); checked before anything is written."""
+def check_resume(cfg: DictConfig, run_dir: Path | None = None) -> None:
+    """``resume=<run dir>`` (or the job's own ``run_dir`` under ``resume=auto``): the run's saved config
+    (:func:`dpgen.core.schema.load_run_config`) and its checkpoint (:func:`dpgen.core.checkpoint.load_checkpoint`,
+    ledger included) are valid, and both were made with this config's settings (:func:`fingerprint`); checked
+    before anything is written."""
     from dpgen.core.checkpoint import load_checkpoint
     from dpgen.core.schema import load_run_config
 
-    run_dir = Path(str(cfg.resume))
+    run_dir = Path(str(cfg.resume)) if run_dir is None else Path(run_dir)
     saved = load_run_config(run_dir)
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     PrivacyLedger(delta=0.5).load_state_dict(ckpt["ledger"])
@@ -139,7 +141,9 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     target = parse_epsilon(cfg.eps)
     ledger = PrivacyLedger(delta=delta, target_epsilon=target, accountant=cfg.privacy.accountant,
                            accounting=cfg.privacy.accounting)
-    resume = cfg.resume is not None
+    resume = resume_dir(cfg.resume, run_dir) is not None
+    if resume and str(cfg.resume) == "auto":  # a requeued job: its own checkpoint and config must match
+        check_resume(cfg, run_dir)
     run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
               log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
               tensorboard=cfg.tensorboard, progress=cfg.progress)

@@ -194,10 +194,8 @@ class TrainSchema:
         if not _DEVICE.match(str(node.device)):
             raise bad("device", node.device, "auto, cpu, cuda or cuda:<index>")
         _check_data_root(str(node.data_root))
-        if str(node.resume) == "auto":  # dpgen/core/resume.py decides it, once scripts/train.py uses it
-            raise DpgenError("resume=auto is not wired into scripts/train.py yet; pass the run directory, "
-                             "resume=<run dir>")
-        if node.resume is not None and not Path(str(node.resume)).is_dir():
+        # resume=auto is decided per job by dpgen/core/resume.py (continue if the job's directory has a checkpoint)
+        if node.resume is not None and str(node.resume) != "auto" and not Path(str(node.resume)).is_dir():
             raise bad("resume", node.resume, "the directory of an interrupted run")
 
 
