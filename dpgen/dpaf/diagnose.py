@@ -49,7 +49,7 @@ def measure(accounting: str, eps: float | str, dataset: str, groups: int, data_r
 
     from dpgen.core.config import register_resolvers
     from dpgen.core.methods import CONFIG_DIR
-    from dpgen.core.pipeline import seed_everything
+    from dpgen.core.pipeline import seed_everything, set_threads
     from dpgen.data import load_dataset
     from dpgen.dpaf import train
     from dpgen.privacy import PrivacyLedger, parse_epsilon
@@ -59,6 +59,7 @@ def measure(accounting: str, eps: float | str, dataset: str, groups: int, data_r
         cfg = compose("train", overrides=["method=dpaf", f"dataset={dataset}", f"eps={eps}", f"seed={seed}",
                                           f"privacy.accounting={accounting}", *overrides])
     hp = cfg.dpaf
+    set_threads(cfg.get("threads"))
     data = load_dataset(dataset, data_root)
     n = len(data.train.x)
     t1 = int(-(-float(hp.c_epochs) * n // int(hp.c_batch_size))) if hp.conv1 == "transfer" else 0
