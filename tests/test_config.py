@@ -33,7 +33,7 @@ def test_bad_eps_is_one_line_before_anything_is_written(eps):
     from dpgen.cli import precheck
     from dpgen.errors import DpgenError
 
-    with pytest.raises(DpgenError, match=r"^eps must be a positive number or inf, got"):
+    with pytest.raises(DpgenError, match=r"^eps \(target epsilon\) must be a positive number or inf, got"):
         precheck([f"eps={eps}"])
 
 

@@ -99,7 +99,7 @@ def parse_epsilon(eps: Any, key: str = "eps") -> float:
     private (:attr:`PrivacyLedger.privacy_off`).
     """
     if isinstance(eps, bool):
-        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+        raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}")
     if isinstance(eps, str):
         text = eps.strip().lower()
         if text in _INF_SPELLINGS:
@@ -107,14 +107,14 @@ def parse_epsilon(eps: Any, key: str = "eps") -> float:
         try:
             e = float(text)
         except ValueError:
-            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+            raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}") from None
     else:
         try:
             e = float(eps)
         except (TypeError, ValueError):
-            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+            raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}") from None
     if math.isnan(e) or e <= 0.0:
-        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+        raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}")
     return e
 
 

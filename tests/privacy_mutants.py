@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""The privacy-mutation gate (`make mutants`): single-line mutations of privacy-critical lines that the
+test suite must kill.
+
+Each mutant names a file, one line's exact original text (it must occur exactly once in that file), its
+mutant, and the tests that must fail with it. The runner copies the tracked tree once into a scratch
+directory, applies one mutant at a time, runs its tests there (``PYTHONPATH`` = the copy) and restores the
+file. It exits 1 if any mutant survives (its tests pass) or no longer applies (the original line moved:
+update the entry), so a refactor cannot silently retire a mutant.
+
+General mutation tools (mutmut, cosmic-ray) mutate every line and take hours here; this gate is the
+curated list of the mutations that matter for privacy (issue 18), and runs in minutes.
+
+    python tests/privacy_mutants.py            # all
+    python tests/privacy_mutants.py dpgan      # the mutants whose id starts with "dpgan"
+    python tests/privacy_mutants.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    original: str
+    mutant: str
+    tests: tuple[str, ...]
+    why: str = ""
+
+
+DPGAN_WIRING = "tests/test_dpgan_wiring.py"
+
+MUTANTS: list[Mutant] = [
+    # -- dpgan -------------------------------------------------------------------------------------------
+    Mutant("dpgan.sigma_half", "dpgen/dpgan/train.py",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip),",
+           "noise_multiplier=sigma * 0.5, max_grad_norm=float(hp.clip),",
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "σ × 0.5 passed to the DPOptimizer"),
+    Mutant("dpgan.clip_x100", "dpgen/dpgan/train.py",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip),",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip) * 100,",
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "clip × 100"),
+    Mutant("dpgan.guard_removed", "dpgen/dpgan/train.py",
+           "            if not guard.allows():",
+           "            if False:",
+           (DPGAN_WIRING + "::test_budget_guard_stops_exactly_at_the_limit",),
+           "budget-guard check removed"),
+    Mutant("dpgan.fixed_batch", "dpgen/dpgan/train.py",
+           '            idx = poisson_batch(n, q, gens["sample"], dev)',
+           '            idx = torch.randperm(n, generator=gens["sample"], device=dev)[:batch]',
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "Poisson batch replaced by a fixed-size random batch"),
+]
+
+
+def _copy_tree(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+
+
+def check_applies(m: Mutant, tree: Path) -> str | None:
+    """None if ``m`` applies to ``tree`` exactly once, else why not."""
+    text = (tree / m.file).read_text()
+    count = text.count(m.original)
+    return None if count == 1 else f"original line found {count} times in {m.file}"
+
+
+def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
+    """'killed' | 'survived' | 'stale: ...' and the seconds its tests took."""
+    path = tree / m.file
+    text = path.read_text()
+    why = check_applies(m, tree)
+    if why:
+        return f"stale: {why}", 0.0
+    path.write_text(text.replace(m.original, m.mutant))
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.time()
+    try:
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                              "-m", "slow or not slow", *m.tests], cwd=tree, env=env, capture_output=True,
+                             text=True, timeout=timeout)
+        rc = res.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1  # a hang is a detection too, but say so
+    finally:
+        path.write_text(text)
+    seconds = time.time() - t0
+    if rc == 0:
+        return "survived", seconds
+    if rc in (4, 5):  # usage error / no tests collected: the entry is broken, not the mutant killed
+        return f"stale: pytest exit {rc} (test ids?)", seconds
+    return ("killed (timeout)" if rc == -1 else "killed"), seconds
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("prefix", nargs="*", help="only mutants whose id starts with one of these")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per mutant's test run")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.prefix or m.id.startswith(tuple(args.prefix))]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:32s} {m.file}: {m.why}")
+        return 0
+    if not chosen:
+        print("no mutant matches", file=sys.stderr)
+        return 2
+    t_all = time.time()
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dpgen-mutants-") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        for m in chosen:
+            verdict, seconds = run_mutant(m, tree, args.timeout)
+            print(f"{verdict:18s} {seconds:7.1f}s  {m.id}  ({m.why})", flush=True)
+            if not verdict.startswith("killed"):
+                failures.append(m.id)
+    print(f"{len(chosen) - len(failures)}/{len(chosen)} mutants killed in {time.time() - t_all:.0f}s")
+    if failures:
+        print("not killed: " + ", ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
