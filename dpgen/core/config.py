@@ -1,4 +1,5 @@
-"""OmegaConf resolvers used by configs/ (registered before Hydra composes the config).
+"""What configs/ needs registered before Hydra composes it: the OmegaConf resolvers below and the
+structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`register_configs` does both.
 
 - ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
 - ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
@@ -43,7 +44,11 @@ def _eps_tag(eps) -> str:
         return str(eps)  # validate() reports the bad value in one line before anything is written
 
 
-def register_resolvers() -> None:
+def register_configs() -> None:
+    """Register the resolvers and the config schema (idempotent; call before composing configs/train.yaml)."""
+    from dpgen.core.schema import register_schemas
+
+    register_schemas()
     for name, fn in {
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
@@ -54,3 +59,7 @@ def register_resolvers() -> None:
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
+
+
+#: the former name of :func:`register_configs` (it registered the resolvers only)
+register_resolvers = register_configs
