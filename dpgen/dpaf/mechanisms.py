@@ -107,12 +107,14 @@ def poisson_chunk(n: int, q: float, steps: int, generator: torch.Generator, devi
     """``steps`` independent Poisson samples of rate q from n records, on ``device``: each record joins each
     sample independently with probability q (the sampling the ledger accounts).
 
-    Drawn together so that a training loop reads the batch sizes back from the device once per chunk
-    (``nonzero``) instead of once per step; the draw is data-independent, so drawing ahead changes nothing.
+    Drawn together so that a training loop reads the batch sizes back from the device once per chunk (one
+    ``tolist``) instead of once per step; the draw is data-independent, so drawing ahead changes nothing. A
+    stable sort puts each row's members first, in index order, so no ``nonzero`` (a second sync) is needed.
     """
     mask = torch.rand(steps, n, generator=generator, device=device) < q
     counts = mask.sum(1).tolist()
-    return list(mask.nonzero()[:, 1].split(counts))
+    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
+    return [order[r, :c] for r, c in enumerate(counts)]
 
 
 class PoissonSampler:

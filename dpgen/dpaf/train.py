@@ -59,11 +59,11 @@ def c_loss(c_net: DpafNet, x: torch.Tensor, y: torch.Tensor, k: int, batch: int,
     return (pred - F.one_hot(y, k).to(pred.dtype)).pow(2).sum()
 
 
-def _sampler(run: Run, n: int, q: float, phase: int) -> PoissonSampler:
-    """Phase ``phase``'s Poisson batches, drawn ``log_every`` steps per device round trip from a stream of
-    the run's seed (see PoissonSampler)."""
+def _sampler(run: Run, n: int, q: float, phase: int, steps: int) -> PoissonSampler:
+    """Phase ``phase``'s Poisson batches from a stream of the run's seed (see PoissonSampler), drawn
+    ``log_every`` steps per device round trip (at most the phase's ``steps``, and ~4M random draws)."""
     seed = ((run.seed * 1_000_003 + 10 + phase) << 24) % 2**63
-    return PoissonSampler(n, q, seed, run.log_every, run.device)
+    return PoissonSampler(n, q, seed, max(1, min(run.log_every, steps, 4_000_000 // n)), run.device)
 
 
 def _stats(opt: CompressedDPOptimizer, tag: str) -> dict[str, torch.Tensor]:
@@ -109,7 +109,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         set_rng_state(run.resume_state["rng"])
     z1 = float(state["z1"]) if state and state.get("z1") is not None else (budget.conv1_sigma() if t1 else None)
     if step < t1:
-        sample_c = _sampler(run, n, q1, 1)
+        sample_c = _sampler(run, n, q1, 1, t1)
         # paper: only conv1 by DP-SGD, conv2/conv3/FC by plain SGD (line 4); sound: all of C by DP-SGD.
         dp_part = c_net if not paper else c_net.conv1
         gsm_c = GradSampleModule(dp_part, loss_reduction="sum")  # noqa: F841 (keeps the per-sample hooks alive)
@@ -195,7 +195,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     loss_d = loss_d2 = loss_g = torch.zeros((), device=dev)
     one, zero = torch.ones(1, device=dev), torch.zeros(1, device=dev)
-    sample_d = _sampler(run, n, budget.rho, 2)
+    sample_d = _sampler(run, n, budget.rho, 2, groups)
     while step < t1 + groups:
         if not budget.group_step():
             log.info("privacy budget reached after %d groups", step - t1)
