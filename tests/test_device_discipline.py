@@ -32,7 +32,7 @@ SYNC_BUDGET = {
     "dpac": 0,
     "efsgd": 0,
     "gpate": 1,  # vote counts read back once per iteration for the data-dependent (paper) RDP and its stop test
-    "dpaf": 1,  # one Poisson sample of rate mu*B/N per group, split into the mu sub-batches on the device
+    "dpaf": 1,  # the sizes of log_every steps' Poisson samples, read back once per chunk (dpaf.mechanisms.PoissonSampler)
     "feta": 1,  # one Poisson batch per DP-SGD step; micro-batches then know their sizes (warm-up: none needed)
     "dpdm": 1,
 }
@@ -73,9 +73,7 @@ CASES = {
 #: gpate (7/step, budget 1): gpate/aggregate.py:85 int, :91,:92 .cpu(), :93,:94 float; gpate/ensemble.py:92 float;
 #:     gpate/train.py:229 loss_g.item() (1/step each).
 #: gpate-credit: as gpate, plus setup: gpate/train.py:90 generator-without-device torch.rand (class prior).
-#: dpaf (2-4/step, budget 1): dpaf/mechanisms.py:79 nonzero 1/step (within budget), dpaf/train.py:126 and :203
-#:     .item(); global-rng at dpaf/mechanisms.py:36 (compress_top's torch.randint); factory-without-device at
-#:     dpaf/train.py:118,174 (torch.zeros(()) loss placeholders) and :254 (torch.ones/zeros targets, every conv2 step).
+#: dpaf: fixed (issue 16): one sync per log_every steps (the Poisson chunk's sizes), seeded compression draws.
 #: feta (2-4/step, budget 1): feta/dpsgd.py:77 float() per micro-batch (1.5/step here, 128/step at paper sizes),
 #:     feta/central.py:23 nonzero (the Poisson batch, within budget), feta/train.py:134 .cpu() (warm-up
 #:     augmentation input), :142 loss.item().
@@ -95,8 +93,6 @@ PENDING: dict[str, set[tuple[str, str]]] = {
               ("dpgen/gpate/train.py", "sync")},
     "gpate-credit": {("dpgen/gpate/aggregate.py", "sync"), ("dpgen/gpate/ensemble.py", "sync"),
                      ("dpgen/gpate/train.py", "sync"), ("dpgen/gpate/train.py", "generator-without-device")},
-    "dpaf": {("dpgen/dpaf/mechanisms.py", "sync"), ("dpgen/dpaf/train.py", "sync"),
-             ("dpgen/dpaf/mechanisms.py", "global-rng"), ("dpgen/dpaf/train.py", "factory-without-device")},
     "feta": {("dpgen/feta/dpsgd.py", "sync"), ("dpgen/feta/central.py", "sync"), ("dpgen/feta/train.py", "sync")},
     "dpdm": {("dpgen/feta/dpsgd.py", "sync"), ("dpgen/feta/central.py", "sync")},
 }

@@ -17,6 +17,7 @@ class DpafHparams:
     conv1: str = spec(choices=("transfer", "random", "joint"))
     split: List[Optional[float]] = spec(ge=0.0, length=3)  # (x1, x2, x3) budgets; null = the rest
     split_unit: str = spec(choices=("eps", "fraction"))
+    noise_multipliers: Optional[List[Optional[float]]] = spec(ge=0.0, length=3)  # [z1, z2, z3] fixed; null: calibrated
     batch_size: int = spec(ge=1)
     c_batch_size: int = spec(ge=1)
     mu: int = spec(ge=1)
