@@ -42,6 +42,7 @@ class Mutant:
 
 DPGAN_WIRING = "tests/test_dpgan_wiring.py"
 FETA_WIRING = "tests/test_feta_wiring.py"
+DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
 
 MUTANTS: list[Mutant] = [
     # -- dpgan -------------------------------------------------------------------------------------------
@@ -106,6 +107,46 @@ MUTANTS: list[Mutant] = [
            "        xb = x_all[:len(idx)] * 2 - 1",
            (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
            "DP-SGD reads other records than the Poisson batch"),
+    # -- dpaf (issue 16/18) ------------------------------------------------------------------------------
+    Mutant("dpaf.z3_half", "dpgen/dpaf/train.py",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]',
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3 * 0.5, bsz, gens["agg"]) for s in subs]',
+           (DPAF_SPY,), "DPAGG z3 × 0.5 in training"),
+    Mutant("dpaf.z2_half", "dpgen/dpaf/train.py", "float(hp.lr_d), z2, float(hp.clip_d)",
+           "float(hp.lr_d), z2 * 0.5, float(hp.clip_d)", (DPAF_SPY,), "conv2* DP-SGD z2 × 0.5"),
+    Mutant("dpaf.z1_half", "dpgen/dpaf/train.py", "float(hp.lr_c), z1, float(hp.clip_c)",
+           "float(hp.lr_c), z1 * 0.5, float(hp.clip_c)", (DPAF_SPY,), "conv1 (phase-1 C) DP-SGD z1 × 0.5"),
+    Mutant("dpaf.clip_d_x2", "dpgen/dpaf/train.py", "z2, float(hp.clip_d), mu * bsz",
+           "z2, float(hp.clip_d) * 2, mu * bsz", (DPAF_SPY,), "conv2* clip × 2"),
+    Mutant("dpaf.clip_c_x2", "dpgen/dpaf/train.py", "z1, float(hp.clip_c), bc",
+           "z1, float(hp.clip_c) * 2, bc", (DPAF_SPY,), "phase-1 C clip × 2"),
+    Mutant("dpaf.sound_c_coupled", "dpgen/dpaf/train.py", "k, bc, paper, eps_sin)", "k, bc, True, eps_sin)",
+           (DPAF_SPY,), "sound C trained on the batch-coupled (paper) loss"),
+    Mutant("dpaf.sound_conv2_coupled", "dpgen/dpaf/train.py", "subs, idx, fakes, paper, eps_sin)",
+           "subs, idx, fakes, True, eps_sin)", (DPAF_SPY,), "sound conv2* trained on the batch-coupled loss"),
+    Mutant("dpaf.guard_removed", "dpgen/dpaf/train.py", "        if not budget.group_step():",
+           "        if not budget.group_step() and False:",
+           ("tests/test_dpaf_wiring.py::test_budget_guard_binds_with_a_fixed_sigma",), "group budget guard removed"),
+    Mutant("dpaf.fixed_batch", "dpgen/dpaf/train.py", "        idx = sample_d(g)",
+           "        idx = torch.randperm(n, device=dev)[:mu * bsz]", (DPAF_SPY,),
+           "Poisson group replaced by a fixed-size random batch"),
+    Mutant("dpaf.dpagg_noise_half", "dpgen/dpaf/mechanisms.py", "noise * (noise_multiplier * sensitivity)",
+           "noise * (noise_multiplier * sensitivity * 0.5)", (DPAF_SPY, "tests/test_dpaf_mechanisms.py"),
+           "DPAGG noise std halved inside the mechanism"),
+    Mutant("dpaf.sensitivity_half", "dpgen/dpaf/train.py", "    sens = d_net.sensitivity",
+           "    sens = d_net.sensitivity * 0.5", (DPAF_SPY,), "DPAGG sensitivity √m·p halved"),
+    Mutant("dpaf.overlapping_split", "dpgen/dpaf/mechanisms.py", "return [perm[j::mu] for j in range(mu)]",
+           "return [perm[j:] for j in range(mu)]", (DPAF_SPY,),
+           "the μ batches of a group overlap (one record in several batches)"),
+    Mutant("dpaf.real_aggs_noiseless", "dpgen/dpaf/train.py",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]',
+           "real_aggs = [d_net.features(x_all[s], y_all[s], eps_sin).sum(0) / bsz for s in subs]",
+           ("tests/test_dpaf_wiring.py::test_generator_depends_on_data_only_through_the_mechanisms",),
+           "real aggregates computed without DPAGG (no noise)"),
+    Mutant("dpaf.q1_half", "dpgen/dpaf/train.py", "sample_c = _sampler(run, n, q1, 1, t1)",
+           "sample_c = _sampler(run, n, q1 / 2, 1, t1)", (DPAF_SPY,), "phase-1 Poisson rate halved vs the ledger"),
+    Mutant("dpaf.one_group_sigma", "dpgen/dpaf/accounting.py", "self.zs = [z3, z2]", "self.zs = [z2]",
+           (DPAF_SPY, "tests/test_dpaf_accounting.py"), "the joint event records one of its two Gaussians"),
 ]
 
 

@@ -116,7 +116,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     run.start(int(hp.iters), desc=f"dpgan eps<={ledger.target_epsilon:g}")
     it = run.start_step
-    loss_d = loss_g = torch.zeros(())
+    loss_d = loss_g = torch.zeros((), device=dev)
     while it < int(hp.iters):
         for _ in range(int(hp.n_critic)):
             if not guard.allows():
