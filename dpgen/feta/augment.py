@@ -99,6 +99,16 @@ def _affine_batch(img: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return out.round_().to(img.dtype)
 
 
+def _autocontrast(img: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``autocontrast`` on uint8 images, with ``torch.where`` for its masked assignments (a masked
+    ``__setitem__`` is a host sync on a GPU); same arithmetic, same result."""
+    f = img.to(torch.float32)
+    lo, hi = f.amin(dim=(-2, -1), keepdim=True), f.amax(dim=(-2, -1), keepdim=True)
+    flat = hi == lo
+    inv_scale = torch.where(flat, 1.0, (hi - lo).mul_(1.0 / 255))
+    return (f - torch.where(flat, 0.0, lo)).div_(inv_scale).clamp_(0, 255).to(img.dtype)
+
+
 def _per_value(op: Callable[[torch.Tensor, float], torch.Tensor], img: torch.Tensor, factor: torch.Tensor,
                values: list[float]) -> torch.Tensor:
     """Apply a torchvision op whose parameter is one scalar per call to every image at its own factor: one
@@ -162,13 +172,11 @@ class AugmentBag:
             "Sharpness": lambda: _per_value(TF.adjust_sharpness, img, factor, values),
             "Posterize": lambda: img & mask,
             "Solarize": lambda: torch.where(img >= threshold, 255 - img, img),
-            "AutoContrast": lambda: TF.autocontrast(img),
+            "AutoContrast": lambda: _autocontrast(img),
             "Equalize": lambda: TF.equalize(img),
         }
-        # on a CPU reading the picks costs nothing, so only the drawn ops run; elsewhere all run (no host sync)
-        drawn = set(op.tolist()) if img.device.type == "cpu" else range(len(NAMES))
         out = img
-        for k in drawn:
+        for k in range(len(NAMES)):  # every op runs on the whole batch: choosing by the picks would sync
             out = torch.where((op == k).view(-1, 1, 1, 1), results[NAMES[k]](), out)
         return out
 
