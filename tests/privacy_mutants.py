@@ -41,6 +41,7 @@ class Mutant:
 
 
 DPGAN_WIRING = "tests/test_dpgan_wiring.py"
+FETA_WIRING = "tests/test_feta_wiring.py"
 DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
 
 MUTANTS: list[Mutant] = [
@@ -65,6 +66,47 @@ MUTANTS: list[Mutant] = [
            '            idx = torch.randperm(n, generator=gens["sample"], device=dev)[:batch]',
            (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
            "Poisson batch replaced by a fixed-size random batch"),
+    # -- feta / dpdm (one training loop) -----------------------------------------------------------------
+    Mutant("feta.sigma_half", "dpgen/feta/train.py",
+           'set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])',
+           'set_noisy_grads(params, sums, sigma * 0.5, float(hp.clip), q * n, gens["noise"])',
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "DP-SGD σ × 0.5 in training"),
+    Mutant("feta.clip_x10", "dpgen/feta/train.py",
+           "sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),",
+           "sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip) * 10,",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "per-record clip × 10"),
+    Mutant("feta.guard_removed", "dpgen/feta/train.py",
+           "        if not guard.allows():",
+           "        if False:",
+           (FETA_WIRING + "::test_budget_guard_stops_at_the_last_allowed_step",),
+           "budget-guard check removed"),
+    Mutant("feta.central_sigma_half", "dpgen/feta/train.py",
+           "sigma=0.0 if ledger.privacy_off else float(hp.central_sigma),",
+           "sigma=0.0 if ledger.privacy_off else float(hp.central_sigma) * 0.5,",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "central-image σ × 0.5"),
+    Mutant("feta.central_mean_sensitivity_half", "dpgen/feta/central.py",
+           "return _release(sums, clip, sigma, ledger, MEAN_ENTRY, q, generator) / expected_batch",
+           "return _release(sums, clip * 0.5, sigma, ledger, MEAN_ENTRY, q, generator) / expected_batch",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "mean-image noise at half the clip bound (σ × 0.5 in effect)"),
+    Mutant("feta.central_mode_sensitivity_half", "dpgen/feta/central.py",
+           "return _release(hist, math.sqrt(math.prod(xb.shape[1:])), sigma, ledger, MODE_ENTRY, q, generator)",
+           "return _release(hist, 0.5 * math.sqrt(math.prod(xb.shape[1:])), sigma, ledger, MODE_ENTRY, q, generator)",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "mode-image noise at half the sensitivity"),
+    Mutant("feta.central_full_resolution", "dpgen/feta/central.py",
+           "        xb, yb = shrink(x[idx], low), y[idx]",
+           "        xb, yb = x[idx], y[idx]",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "official query at full resolution with the half-resolution clip/sensitivity"),
+    Mutant("feta.batch_not_poisson", "dpgen/feta/train.py",
+           "        xb = x_all[idx] * 2 - 1",
+           "        xb = x_all[:len(idx)] * 2 - 1",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "DP-SGD reads other records than the Poisson batch"),
     # -- dpaf (issue 16/18) ------------------------------------------------------------------------------
     Mutant("dpaf.z3_half", "dpgen/dpaf/train.py",
            'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]',

@@ -74,10 +74,7 @@ CASES = {
 #:     gpate/train.py:229 loss_g.item() (1/step each).
 #: gpate-credit: as gpate, plus setup: gpate/train.py:90 generator-without-device torch.rand (class prior).
 #: dpaf: fixed (issue 16): one sync per log_every steps (the Poisson chunk's sizes), seeded compression draws.
-#: feta (2-4/step, budget 1): feta/dpsgd.py:77 float() per micro-batch (1.5/step here, 128/step at paper sizes),
-#:     feta/central.py:23 nonzero (the Poisson batch, within budget), feta/train.py:134 .cpu() (warm-up
-#:     augmentation input), :142 loss.item().
-#: dpdm (4/step, budget 1): feta/dpsgd.py:77 3/step, feta/central.py:23 1/step.
+#: feta, dpdm: fixed (issue 16): one sync per step, feta/central.py poisson_batch's nonzero (the Poisson batch).
 PENDING: dict[str, set[tuple[str, str]]] = {
     "gswgan": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
                ("dpgen/dpac/ensemble.py", "restored-off-device"), ("dpgen/dpac/nets.py", "restored-off-device")},
@@ -93,8 +90,6 @@ PENDING: dict[str, set[tuple[str, str]]] = {
               ("dpgen/gpate/train.py", "sync")},
     "gpate-credit": {("dpgen/gpate/aggregate.py", "sync"), ("dpgen/gpate/ensemble.py", "sync"),
                      ("dpgen/gpate/train.py", "sync"), ("dpgen/gpate/train.py", "generator-without-device")},
-    "feta": {("dpgen/feta/dpsgd.py", "sync"), ("dpgen/feta/central.py", "sync"), ("dpgen/feta/train.py", "sync")},
-    "dpdm": {("dpgen/feta/dpsgd.py", "sync"), ("dpgen/feta/central.py", "sync")},
 }
 
 

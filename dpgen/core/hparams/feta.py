@@ -51,6 +51,7 @@ class FetaHparams:
     num_central: int = spec(ge=0)
     central_batch: int = spec(ge=1)
     central_sigma: float = spec(gt=0.0)
+    central_post: str = spec(choices=("official", "paper"))  # official: half-resolution query + filters (issue 16)
     central_clip: Optional[float] = spec(gt=0.0)
     bins: Optional[int] = spec(ge=2)
     warmup_iters: int = spec(ge=0)
@@ -68,6 +69,7 @@ class FetaHparams:
     lr: float = spec(gt=0.0)
     ema: float = spec(ge=0.0, lt=1.0)
     label_dropout: float = spec(ge=0.0, lt=1.0)
+    sample_chunk: Optional[int] = spec(ge=1)   # images per sampler call; None: sized by the device
     unet: UnetHparams = nested(UnetHparams)
     sampler: SamplerHparams = nested(SamplerHparams)
 
