@@ -152,17 +152,17 @@ def test_method_rules_that_need_the_data_run_before_anything_exists(capsys, work
 
 
 def test_a_yaml_key_missing_from_the_schema_says_where_to_declare_it(tmp_path):
-    """A method engineer adds gpate.teacher_norm to the yaml but not to the schema: one line saying where."""
+    """A method engineer adds gpate.teacher_colour to the yaml but not to the schema: one line saying where."""
     from dpgen.core.schema import explain_config_error
 
     register_configs()
     conf = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, conf)
-    (conf / "method" / "gpate.yaml").write_text((conf / "method" / "gpate.yaml").read_text() + "  teacher_norm: true\n")
+    (conf / "method" / "gpate.yaml").write_text((conf / "method" / "gpate.yaml").read_text() + "  teacher_colour: true\n")
     with pytest.raises(Exception) as info, initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         compose("train", overrides=["method=gpate"])
     msg = str(explain_config_error(info.value, {}))
-    assert msg.startswith("unknown key gpate.teacher_norm") and "dpgen/core/hparams/gpate.py" in msg, msg
+    assert msg.startswith("unknown key gpate.teacher_colour") and "dpgen/core/hparams/gpate.py" in msg, msg
 
 
 def test_privacy_off_reference_stays_valid(capsys, workdir):

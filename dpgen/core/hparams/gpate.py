@@ -14,7 +14,8 @@ class GpateHparams:
     noise: str = spec(choices=("readme", "calibrate"))
     sigma1: Optional[float] = spec(gt=0.0)      # threshold-check noise std
     sigma2: Optional[float] = spec(gt=0.0)      # argmax noise std
-    thresh: float = spec(gt=0.0, le=1.0)        # threshold as a fraction of the teacher count
+    thresh: Optional[float] = spec(ge=0.0, le=1.0)  # threshold as a fraction of the teacher count; null: no check
+    sigma_ratio: Optional[float] = spec(gt=0.0)  # noise=calibrate: sigma1/sigma2 (null: the README ratio)
     step_size: float = spec(gt=0.0)             # clipping constant c
     bins: int = spec(ge=2)
     proj_dim: int = spec(ge=1)
@@ -31,6 +32,12 @@ class GpateHparams:
     dfc_dim: int = spec(ge=1)
     g_hidden: int = spec(ge=1)
     t_hidden: int = spec(ge=1)
+    teacher_norm: str = spec(choices=("none", "layer", "batch"))
+    teacher_fakes: str = spec(choices=("official", "shared"))
+    g_sample_stats: str = spec(choices=("batch", "running"))
+    projection: str = spec(choices=("gaussian", "dct"))
+    proj_basis: Optional[int] = spec(ge=1)      # projection=dct: number of DCT atoms
+    work_size: Optional[int] = spec(ge=4)       # G and teachers' resolution (not in the paper)
     chunk: Optional[int] = spec(ge=1)
     dp_class_prior: bool = spec()
     prior_eps: float = spec(gt=0.0)
