@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow clean
+.PHONY: install demo test test-slow mutants clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "dpgen needs Python >= 3.10"'
@@ -23,6 +23,11 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+# The privacy-mutation gate (tests/privacy_mutants.py): every curated mutant of a privacy-critical line
+# must be killed by the tests. Outside `make test` (minutes, not seconds).
+mutants: install
+	$(BIN)/python tests/privacy_mutants.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

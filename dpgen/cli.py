@@ -1,9 +1,10 @@
 """Command-line plumbing shared by scripts/: one-line errors and a dry composition check.
 
 Hydra reports a bad override with a multi-line message after it has created the run
-directory. :func:`precheck` composes the config first (every value of every sweep), so a
-typo, an unknown method/dataset or eps <= 0 ends with one line and exit code 2 before
-anything is written.
+directory. :func:`precheck` composes the config first (every value of every sweep) against the
+schema (:mod:`dpgen.core.schema`), so a typo, a wrong type, a value out of range, an unknown
+method/dataset, missing data or an unusable checkpoint ends with one line and exit code 2
+before anything is written.
 """
 from __future__ import annotations
 
@@ -47,30 +48,36 @@ def _override_variants(args: Sequence[str]) -> list[list[str]]:
     return variants
 
 
+def _given(overrides: Sequence[str]) -> dict[str, str]:
+    """key -> value of command-line overrides (``+key=v`` too), to name the value in error messages."""
+    return {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[1] for a in overrides if "=" in a}
+
+
 def precheck(args: Sequence[str], config_name: str = "train") -> None:
     """Compose the config for the given overrides and validate it; raise DpgenError on any problem."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from dpgen.core.config import register_resolvers
+    from dpgen.core.config import register_configs
     from dpgen.core.pipeline import validate
+    from dpgen.core.schema import explain_config_error
 
-    register_resolvers()
+    register_configs()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
     _check_groups(overrides)
     if config_name == "train":
         try:
             swept = _config_sweeps(overrides, config_name)
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
-            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-            raise DpgenError(f"bad config: {first}") from None
+            raise explain_config_error(exc, _given(overrides)) from None
         _check_groups(swept)
         overrides = overrides + swept
     try:
         variants = _override_variants([a for a in overrides if not a.startswith("hydra")])
     except Exception as exc:  # noqa: BLE001 - Hydra's parse errors
         raise DpgenError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
-    for variant in variants:
+    configs = []
+    for variant in variants:  # every job's config, typed and checked without data first ...
         try:
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=variant)
@@ -78,10 +85,12 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
         except DpgenError:
             raise
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
-            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-            raise DpgenError(f"bad config: {first}") from None
+            raise explain_config_error(exc, _given(variant)) from None
         if config_name == "train":
             validate(cfg)
+        configs.append(cfg)
+    if config_name == "train":
+        for cfg in configs:  # ... then the data each job reads
             _check_inputs(cfg)
 
 
@@ -109,14 +118,18 @@ def _config_sweeps(overrides: list[str], config_name: str) -> list[str]:
 
 
 def _check_inputs(cfg) -> None:
-    """Data files, δ < 1/N and a readable checkpoint, checked before Hydra creates any directory."""
-    from pathlib import Path
-
-    from dpgen.core.checkpoint import load_checkpoint
+    """Data files, the data-dependent rules (δ < 1/N, batches <= N, image sizes) and, on ``resume=``, the
+    run's saved config and checkpoint, all checked before Hydra creates any directory."""
+    from dpgen.core.pipeline import check_resume, validate
     from dpgen.data import load_dataset
-    from dpgen.privacy import check_delta
 
-    data = load_dataset(cfg.dataset.name, cfg.data_root)  # builds the cache the job will then read
-    check_delta(float(cfg.delta), len(data.train))
-    if cfg.resume is not None:
-        load_checkpoint(Path(cfg.resume) / "checkpoints" / "last.pt")
+    try:
+        data = load_dataset(cfg.dataset.name, cfg.data_root)  # builds the cache the job will then read
+    except DpgenError as exc:
+        if cfg.dataset.get("alias"):  # say which concrete dataset dataset=celeba chose for this method
+            raise DpgenError(f"dataset={cfg.dataset.alias} is {cfg.dataset.name} for method={cfg.method.name}: "
+                             f"{exc}") from None
+        raise
+    validate(cfg, data)
+    if cfg.resume is not None and str(cfg.resume) != "auto":  # auto: checked by the job, in its own directory
+        check_resume(cfg)

@@ -44,6 +44,11 @@ def main(argv: list[str]) -> None:
         print(f"wrote {p}")
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: ``main`` with one-line errors and exit code 2 (tests call this in-process)."""
     with user_errors():
-        main(sys.argv[1:])
+        main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    cli()

@@ -15,25 +15,26 @@ from omegaconf import OmegaConf
 
 from dpgen.cli import user_errors
 from dpgen.io import atomic_write_json
-from dpgen.core.config import register_resolvers
+from dpgen.core.config import register_configs
 from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import evaluate_generator, resolve_device
+from dpgen.core.schema import check_config, explain_config_error, load_run_config
 from dpgen.data import load_dataset
-from dpgen.errors import DpgenError
 from dpgen.scripts_util import parse_kv
 
 
 def main(argv: list[str]) -> None:
     args = parse_kv(argv, required=("run",), optional={"device": None, "data_root": None}, allow_extra_prefix="eval.")
     run_dir = Path(args["run"])
-    cfg_file = run_dir / ".hydra" / "config.yaml"
-    if not cfg_file.is_file():
-        raise DpgenError(f"{run_dir} is not a dpgen run directory (no .hydra/config.yaml)")
-    register_resolvers()
-    cfg = OmegaConf.load(cfg_file)
-    overrides = [f"{k}={v}" for k, v in args.items() if k.startswith("eval.")]
-    overrides += [f"{k}={args[k]}" for k in ("device", "data_root") if args[k] is not None]
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    register_configs()
+    cfg = load_run_config(run_dir)  # the saved config, typed and checked (it may come from anyone)
+    overrides = {k: v for k, v in args.items() if k.startswith("eval.")}
+    overrides.update({k: args[k] for k in ("device", "data_root") if args[k] is not None})
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+    except Exception as exc:  # noqa: BLE001 - a wrong type or an unknown eval key
+        raise explain_config_error(exc, overrides) from None
+    check_config(cfg)
     device = resolve_device(str(cfg.device))
     gen = load_generator(run_dir / "generator.pt", device)
     data = load_dataset(cfg.dataset.name, cfg.data_root)
@@ -45,6 +46,11 @@ def main(argv: list[str]) -> None:
     print(f"wrote {old}")
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: ``main`` with one-line errors and exit code 2 (tests call this in-process)."""
     with user_errors():
-        main(sys.argv[1:])
+        main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    cli()

@@ -23,22 +23,30 @@ from dpgen.errors import DpgenError
 from dpgen.scripts_util import parse_kv
 
 
+def _int(key: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise DpgenError(f"{key}={text!r} is invalid; expected an integer >= {minimum}")
+    return value
+
+
 def main(argv: list[str]) -> None:
     args = parse_kv(argv, required=("run", "n", "out"), optional={"labels": None, "seed": "0", "device": "auto"})
     out = Path(args["out"])
     if out.exists():
         raise DpgenError(f"{out} exists; choose another out= (nothing was overwritten)")
-    n = int(args["n"])
-    if n <= 0:
-        raise DpgenError(f"n must be positive, not {n}")
+    n, seed = _int("n", args["n"], 1), _int("seed", args["seed"], 0)
     gen = load_generator(Path(args["run"]) / "generator.pt", resolve_device(args["device"]))
     labels = None
     if args["labels"] is not None:
-        values = [int(v) for v in str(args["labels"]).split(",")]
+        values = [_int("labels", v, 0) for v in str(args["labels"]).split(",")]
         labels = torch.tensor(values * n if len(values) == 1 else values)
         if len(labels) != n or labels.min() < 0 or labels.max() >= gen.num_classes:
             raise DpgenError(f"labels must be one value or {n} values in 0..{gen.num_classes - 1}")
-    x, y = gen.sample(n, labels=labels, seed=int(args["seed"]))
+    x, y = gen.sample(n, labels=labels, seed=seed)
     x_out = x.numpy().astype(np.float32) if len(gen.sample_shape) == 1 else to_uint8(x)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.npz")
@@ -47,6 +55,11 @@ def main(argv: list[str]) -> None:
     print(f"wrote {n} samples to {out}")
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: ``main`` with one-line errors and exit code 2 (tests call this in-process)."""
     with user_errors():
-        main(sys.argv[1:])
+        main(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    cli()

@@ -16,13 +16,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from dpgen.cli import fail, precheck, user_errors
-from dpgen.core.config import register_resolvers
+from dpgen.core.config import register_configs
 from dpgen.core.methods import CONFIG_DIR
 from dpgen.core.run import TrainingInterrupted
 from dpgen.errors import DpgenError
 
 log = logging.getLogger("dpgen")
-register_resolvers()
+register_configs()
 
 
 def _remove_fresh_run_dir(run_dir: Path) -> None:
@@ -37,9 +37,10 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from dpgen.core.pipeline import run_training
+    from dpgen.core.resume import resume_dir
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    fresh = cfg.resume is None
+    fresh = resume_dir(cfg.resume, run_dir) is None  # resume=auto with no checkpoint yet is a fresh run too
     try:
         metrics = run_training(cfg, run_dir)
     except DpgenError as exc:
@@ -55,8 +56,14 @@ def main(cfg: DictConfig) -> None:
     print(f"epsilon spent: see {run_dir / 'privacy.json'}; g2r CNN accuracy: {g2r}")
 
 
-if __name__ == "__main__":
-    if "--help" not in sys.argv and "-h" not in sys.argv and "--cfg" not in sys.argv:
+def check_args(argv: list[str]) -> None:
+    """Every value of every job checked before Hydra creates anything (one line, exit code 2 otherwise);
+    tests call this in-process."""
+    if "--help" not in argv and "-h" not in argv and "--cfg" not in argv:
         with user_errors():
-            precheck(sys.argv[1:])
+            precheck(argv)
+
+
+if __name__ == "__main__":
+    check_args(sys.argv[1:])
     main()

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# No test downloads anything (dpgen.eval.inception's eval.inception_download); CLI subprocesses inherit it.
+os.environ["DPGEN_OFFLINE"] = "1"
 
 # Small enough for CI, big enough to exercise every stage (training, checkpoint, release, eval).
 TINY = [

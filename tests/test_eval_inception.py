@@ -136,3 +136,79 @@ def test_features_match_pytorch_fid_inceptionv3(no_network, random_weights_file,
         pool, logits = ours(torch.from_numpy(x))
     assert logits.shape == (3, 1008)
     torch.testing.assert_close(pool, ref, rtol=1e-4, atol=1e-5)
+
+
+# ---- eval.inception_download: fetch the weights the way pytorch-fid does (the network itself is mocked) ----
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty torch hub cache, downloads allowed by the environment, and no socket may connect."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv(inc.OFFLINE_ENV, raising=False)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    return tmp_path / "hub" / "checkpoints" / inc.weights_filename()
+
+
+def test_missing_weights_are_downloaded_into_the_hub_cache(hub, random_weights_file, monkeypatch) -> None:
+    import shutil
+
+    from pytorch_fid.inception import FID_WEIGHTS_URL
+
+    calls = []
+
+    def download(url, dst, hash_prefix=None, progress=True):
+        calls.append((url, dst, hash_prefix, socket.getdefaulttimeout()))
+        shutil.copy(random_weights_file, dst)  # stands in for the real file
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", download)
+    x = _tiny_images(3, 1, seed=1)
+    res = inc.inception_metrics(x, x, EvalConfig(is_splits=1))
+    assert calls == [(FID_WEIGHTS_URL, str(hub), "6726825d", inc.DOWNLOAD_TIMEOUT_S)]  # pytorch-fid's URL and file
+    assert socket.getdefaulttimeout() is None  # the short timeout is put back
+    assert abs(res["fid"]) < 1e-3 and "fid_reason" not in res and hub.is_file()
+    inc.inception_metrics(x, x, EvalConfig(is_splits=1))
+    assert len(calls) == 1  # present now: not fetched again
+
+
+def test_offline_download_gives_null_with_the_reason(hub, monkeypatch) -> None:
+    import urllib.error
+
+    def offline(url, dst, hash_prefix=None, progress=True):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    built = []
+    monkeypatch.setattr(inc, "_fid_inception_architecture", lambda: built.append(1))
+    res = inc.inception_metrics(_tiny_images(4, 1), _tiny_images(4, 1), EvalConfig())
+    assert res["fid"] is None and res["is"] is None and built == [] and not hub.exists()
+    for key in ("fid_reason", "is_reason"):
+        assert "not found" in res[key] and "download of https://" in res[key] and "name resolution" in res[key]
+
+
+def test_no_download_when_off_offline_or_given_a_path(hub, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("download attempted")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    x = _tiny_images(4, 1)
+    res = inc.inception_metrics(x, x, EvalConfig(inception_download=False))
+    assert res["fid"] is None and "no download attempted (eval.inception_download: false)" in res["fid_reason"]
+    res = inc.inception_metrics(x, x, EvalConfig(inception_weights="/nonexistent/w.pth"))
+    assert res["fid"] is None and "/nonexistent/w.pth" in res["fid_reason"]
+    monkeypatch.setenv(inc.OFFLINE_ENV, "1")
+    res = inc.inception_metrics(x, x, EvalConfig())
+    assert res["fid"] is None and f"no download attempted ({inc.OFFLINE_ENV} is set)" in res["fid_reason"]
+
+
+def test_inception_download_key_defaults_to_true_and_is_checked() -> None:
+    from dpgen.errors import DpgenError
+    from dpgen.eval.config import resolve_config
+
+    assert resolve_config({}).inception_download is True  # absent from an older eval config: on
+    assert resolve_config({"inception_download": False}).inception_download is False
+    with pytest.raises(DpgenError, match="inception_download"):
+        resolve_config({"inception_download": "sometimes"})

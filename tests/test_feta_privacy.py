@@ -199,7 +199,7 @@ def test_torch_func_backend_matches_opacus_hooks():
     assert len(func_sums) == len(hook_sums)
     for a, b in zip(func_sums, hook_sums):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    assert func_loss == pytest.approx(hook_loss, rel=1e-5)
+    assert float(func_loss) == pytest.approx(float(hook_loss), rel=1e-5)
     total = torch.sqrt(sum(a.pow(2).sum() for a in func_sums))
     assert 0 < total <= 5 * 0.05 + 1e-6  # five records, each of norm <= C
 

@@ -129,3 +129,117 @@ def test_ledger_entry_noise_multipliers_match_the_sound_rdp():
     lam = np.linspace(1.5, 400, 20000)
     eps_expected = min(lam * rho + np.log((lam - 1) / lam) - (np.log(1e-5) + np.log(lam)) / (lam - 1))
     assert compute_epsilon([entry], 1e-5) == pytest.approx(eps_expected, rel=2e-3)
+
+
+def _rdp_oracle_epsilon(rho: float, delta: float = 1e-5) -> float:
+    """ε of a Gaussian-type RDP curve λ·ρ with the Canonne–Kamath–Steinke conversion, on a fine λ grid."""
+    lam = np.linspace(1.01, 2000, 400000)
+    return float(np.min(lam * rho + np.log((lam - 1) / lam) - (np.log(delta) + np.log(lam)) / (lam - 1)))
+
+
+@pytest.mark.parametrize("thresh,ratio", [(0.5, 6.0), (0.0, 1.5), (None, None)])
+def test_threshold_options_are_accounted_as_the_ledger_says(thresh, ratio):
+    """README threshold (T = n/2, σ1 = 6σ2), a low one (T = 0, σ1 = 1.5σ2) and none (plain GNMax): the calibrated
+    sigmas meet ε, and the ledger's ε equals the closed-form RDP of Q queries (threshold λ/(2σ1²), argmax λ/σ2²)."""
+    from omegaconf import OmegaConf
+
+    from dpgen.gpate.train import calibrate_sigmas, query_noise, resolve_hparams
+    from dpgen.privacy import PrivacyLedger
+
+    hp = OmegaConf.create({"teachers": 500, "noise": "calibrate", "sigma1": None, "sigma2": None, "thresh": thresh,
+                           "sigma_ratio": ratio, "step_size": 1e-4, "bins": 10, "proj_dim": 10, "batch_size": 4,
+                           "z_dim": None})
+    cfg = resolve_hparams(hp, 10.0, 60000, [1, 28, 28])
+    assert cfg["threshold"] == (None if thresh is None else thresh * 500)
+    queries = 4000
+    ledger = PrivacyLedger(1e-5, target_epsilon=10.0)
+    cfg["sigma1"], cfg["sigma2"] = calibrate_sigmas(ledger, cfg["sigma_ratio"], queries, cfg["threshold"] is not None)
+    ledger.record("gpate.confident_gnmax", query_noise(cfg), count=queries)
+    s1, s2 = cfg["sigma1"], cfg["sigma2"]
+    if thresh is None:
+        assert ledger.entries[0].noise_multipliers == pytest.approx([s2 / math.sqrt(2)])
+        rho = queries / s2 ** 2
+    else:
+        assert s1 == pytest.approx(ratio * s2) and ledger.entries[0].noise_multipliers == pytest.approx(
+            [s1, s2 / math.sqrt(2)])
+        rho = queries * (1 / (2 * s1 ** 2) + 1 / s2 ** 2)
+    assert ledger.epsilon() == pytest.approx(_rdp_oracle_epsilon(rho), rel=2e-3)
+    assert 9.9 < ledger.epsilon() <= 10.0, "calibrated to the target"
+    if thresh is None:  # no threshold check: all of the budget goes to the argmax noise
+        assert s2 < 0.754 * math.sqrt(queries)
+
+
+def test_answer_rate_of_the_low_threshold_option():
+    """T = 0 with σ1 = 1.5σ2: a query is answered with probability Φ(max count / σ1), so consensus passes and
+    a split vote often does not (the measured 0.84–0.88 of the issue is this at top counts ≈ σ1)."""
+    from scipy.stats import norm
+
+    sigma2 = 48.0
+    sigma1 = 1.5 * sigma2
+    g = torch.Generator().manual_seed(0)
+    for top in (50.0, 72.0, 400.0):
+        counts = torch.zeros(20000, 10)
+        counts[:, 0] = top
+        rate = confident_gnmax(counts, 0.0, sigma1, sigma2, g).answered.float().mean().item()
+        assert rate == pytest.approx(norm.cdf(top / sigma1), abs=0.01)
+    assert confident_gnmax(counts, None, sigma1, sigma2, g).answered.all(), "no threshold: every query answered"
+
+
+def test_votes_of_a_trained_official_ensemble_use_the_bins():
+    """Official scaling (mean over the batch) and init (N(0, 0.02)) with the official batch-norm teacher: after
+    training on digits, most projected votes fall inside (-c, c) and not all in the two central bins, so the B
+    bins and c mean something (summed gradients with torch's default init put 88-100% of them at ±c)."""
+    from dpgen.data import load_dataset
+    from dpgen.data.torch_utils import to_float
+    from dpgen.gpate.ensemble import PartitionSampler, TeacherEnsemble, assign_teachers
+    from dpgen.gpate.nets import GPateGenerator, TeacherCNN, dcgan_init_
+
+    torch.manual_seed(0)
+    data = load_dataset("digits", "/nonexistent")  # embedded
+    x_all, y_all = to_float(data.train.x), torch.as_tensor(data.train.y)
+    n, m, c = 12, 16, 1e-4
+    shape = list(data.shape)
+    ens = TeacherEnsemble(lambda: TeacherCNN(10, shape, df_dim=8, dfc_dim=32, norm="batch"), n, torch.device("cpu"))
+    sampler = PartitionSampler(assign_teachers(data.train.x, n, 0), n, torch.device("cpu"))
+    g = dcgan_init_(GPateGenerator(10, shape, z_dim=20, gf_dim=8, gfc_dim=32, sample_stats="batch", sample_group=m))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(40):
+        idx, w = sampler.sample(m)
+        with torch.no_grad():
+            y = torch.randint(0, 10, (m,), generator=gen)
+            xf = g(torch.rand(m, 20, generator=gen) * 2 - 1, y)
+        ens.train_step(TeacherEnsemble.fixed_batch(PartitionSampler.gather(x_all, idx),
+                                                   PartitionSampler.gather(y_all, idx), w, xf, y))
+    grads = torch.cat([gr for _, _, gr in ens.input_grads_chunks(xf, y)])
+    proj = projection_matrices(m, grads[0, 0].numel(), 10, gen, torch.device("cpu"))
+    u = torch.einsum("tmd,mdk->tmk", grads.flatten(2), proj)
+    saturated = (u.abs() >= c).float().mean().item()
+    assert saturated < 0.5, f"{saturated:.0%} of the votes sit at ±c"
+    used = torch.bincount(bin_index(u, c, 10).flatten(), minlength=10).float()
+    outer = 1 - (used[4] + used[5]) / used.sum()
+    assert outer > 0.05, f"votes carry only their sign (two central bins): {used.tolist()}"
+
+
+def test_dct_basis_and_projection():
+    from dpgen.gpate.aggregate import dct_basis
+
+    b = dct_basis((1, 8, 8), 10)
+    torch.testing.assert_close(b.T @ b, torch.eye(10), atol=1e-5, rtol=0)
+    torch.testing.assert_close(b[:, 0], torch.full((64,), 1 / 8.0), atol=1e-6, rtol=0)  # the DC atom first
+    full = dct_basis((2, 4, 4), 32)
+    torch.testing.assert_close(full.T @ full, torch.eye(32), atol=1e-5, rtol=0)
+    g = torch.Generator().manual_seed(0)
+    r = projection_matrices(400, 64, 5, g, torch.device("cpu"), basis=b)
+    assert (r ** 2).sum(1).mean().item() == pytest.approx(64 / 5, rel=0.05), "E‖R_j‖² = d/k as the paper's"
+    inside = b @ (b.T @ r)
+    torch.testing.assert_close(inside, r, atol=1e-4, rtol=0)  # columns lie in span(basis)
+    assert not torch.equal(r[0], r[1]), "a fresh random combination per sample"
+
+
+def test_safe_iterations_is_the_largest_count_within_budget():
+    orders = rdp.PAPER_ORDERS
+    rdp_cum = 0.01 * orders
+    bound = 0.002 * orders
+    k = rdp.safe_iterations(rdp_cum, bound, 1e-5, 4.0)
+    assert rdp.classic_epsilon(rdp_cum + k * bound, 1e-5) <= 4.0 < rdp.classic_epsilon(rdp_cum + (k + 1) * bound, 1e-5)
+    assert rdp.safe_iterations(rdp_cum, bound, 1e-5, 0.1) == 0

@@ -24,7 +24,7 @@ def test_parse_epsilon_accepts_numbers_and_inf(text, value):
 
 @pytest.mark.parametrize("bad", ["abc", "", 0, -1, "-inf", "nan", float("nan"), True, None, [1]])
 def test_parse_epsilon_rejects_the_rest_in_one_line(bad):
-    with pytest.raises(DpgenError, match=r"^eps must be a positive number or inf, got"):
+    with pytest.raises(DpgenError, match=r"^eps \(target epsilon\) must be a positive number or inf, got"):
         parse_epsilon(bad)
 
 

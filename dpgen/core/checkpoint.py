@@ -36,14 +36,84 @@ def set_rng_state(state: dict) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint written by :func:`atomic_save`; any damage becomes a one-line DpgenError."""
+    """Load a checkpoint written by :func:`atomic_save`; any damage becomes a one-line DpgenError.
+
+    A checkpoint may come from elsewhere (a shared run directory), so besides ``weights_only=True`` (no pickled
+    code) its structure is checked before anything uses it: the step, RNG states and generator states have
+    the types and sizes dpgen writes, and the method state holds only plain values and dense tensors
+    (:func:`dpgen.core.untrusted.check_plain`; shapes are checked where a method loads them into a module,
+    e.g. with :func:`restore_module`). The ledger is checked by ``PrivacyLedger.load_state_dict``.
+    """
     path = Path(path)
     if not path.is_file():
         raise DpgenError(f"no checkpoint at {path}: resume=<run dir> needs <run dir>/checkpoints/last.pt")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(ckpt, dict) or "step" not in ckpt or "ledger" not in ckpt:
-            raise ValueError("missing step/ledger")
     except Exception as exc:  # noqa: BLE001
         raise DpgenError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}); nothing was changed") from None
+    try:
+        check_checkpoint(ckpt)
+    except DpgenError as exc:
+        raise DpgenError(f"checkpoint {path} is corrupt or unreadable ({exc}); nothing was changed") from None
     return ckpt
+
+
+_CKPT_KEYS = {"step", "state", "generators", "ledger", "rng", "fingerprint"}
+
+
+def check_checkpoint(ckpt: object) -> None:
+    """The structure :meth:`dpgen.core.run.Run.save_checkpoint` writes (see :func:`load_checkpoint`)."""
+    from dpgen.core.untrusted import check_plain
+
+    if not isinstance(ckpt, dict) or set(ckpt) != _CKPT_KEYS:
+        keys = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise DpgenError(f"expected keys {sorted(_CKPT_KEYS)}, got {keys}")
+    step = ckpt["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise DpgenError(f"step must be a non-negative integer, got {type(step).__name__}")
+    if not isinstance(ckpt["ledger"], dict) or not isinstance(ckpt["fingerprint"], dict):
+        raise DpgenError("ledger and fingerprint must be dicts")
+    check_plain(ckpt["fingerprint"], "fingerprint")
+    check_plain(ckpt["state"], "state", tensors=True, max_depth=16)
+    gens = ckpt["generators"]
+    if not isinstance(gens, dict) or not all(isinstance(k, str) and _is_rng_tensor(v) for k, v in gens.items()):
+        raise DpgenError("generators must map names to uint8 RNG state tensors")
+    _check_rng(ckpt["rng"])
+
+
+def _is_rng_tensor(t: object, size: int | None = None) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 and t.layout == torch.strided
+            and (t.numel() <= 2**16 if size is None else t.numel() == size))
+
+
+def _check_rng(rng: object) -> None:
+    """The states :func:`rng_state` writes, so that :func:`set_rng_state` cannot fail half-way."""
+    def ints(v, n, hi):
+        return isinstance(v, (list, tuple)) and len(v) == n and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= hi for x in v)
+
+    if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng) <= {"python", "numpy", "torch", "cuda"}:
+        raise DpgenError("rng must hold the python, numpy and torch states")
+    py = rng["python"]
+    if not (isinstance(py, (list, tuple)) and len(py) == 3 and py[0] == 3 and ints(py[1], 625, 2**32)
+            and (py[2] is None or isinstance(py[2], float))):
+        raise DpgenError("rng.python is not a Mersenne Twister state")
+    npy = rng["numpy"]
+    if not (isinstance(npy, dict) and set(npy) == {"key", "pos", "keys", "has_gauss", "cached_gaussian"}
+            and npy["key"] == "MT19937" and ints(npy["keys"], 624, 2**32 - 1) and ints([npy["pos"]], 1, 624)
+            and npy["has_gauss"] in (0, 1) and isinstance(npy["cached_gaussian"], float)):
+        raise DpgenError("rng.numpy is not a Mersenne Twister state")
+    if not _is_rng_tensor(rng["torch"], torch.get_rng_state().numel()):
+        raise DpgenError("rng.torch is not a CPU generator state")
+    cuda = rng.get("cuda", [])
+    if not isinstance(cuda, (list, tuple)) or len(cuda) > 64 or not all(_is_rng_tensor(t) for t in cuda):
+        raise DpgenError("rng.cuda is not a list of CUDA generator states")
+
+
+def restore_module(module: torch.nn.Module, state: object, what: str) -> None:
+    """``module.load_state_dict(state)`` after checking names, shapes and dtypes (a one-line DpgenError
+    naming ``what`` otherwise): for methods restoring networks from an untrusted checkpoint."""
+    from dpgen.core.untrusted import check_state_dict
+
+    check_state_dict(module, state, what)
+    module.load_state_dict(state)

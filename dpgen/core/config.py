@@ -1,10 +1,13 @@
-"""OmegaConf resolvers used by configs/ (registered before Hydra composes the config).
+"""What configs/ needs registered before Hydra composes it: the OmegaConf resolvers below and the
+structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`register_configs` does both.
 
 - ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
 - ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
 - ``${eps_tag:${eps}}``: ε as a directory name (10 and 10.0 both give ``10``).
-- ``${run_dir:${resume},DEFAULT}`` / ``${hydra_subdir:${resume}}``: a resumed run keeps writing
-  into its original directory, and its new Hydra config goes beside (not over) the old one.
+- ``${run_dir:${resume},DEFAULT}`` / ``${hydra_subdir:${resume},${hydra.runtime.output_dir}}``: a resumed
+  run keeps writing into its original directory, and its new Hydra config goes beside (not over) the old one;
+  ``resume=auto`` keeps the job's own directory and resumes only if it already holds a checkpoint.
+- ``${default_resume:}``: ``resume``'s default, ``auto`` under hydra/launcher=slurm, else null.
 """
 from __future__ import annotations
 
@@ -43,14 +46,41 @@ def _eps_tag(eps) -> str:
         return str(eps)  # validate() reports the bad value in one line before anything is written
 
 
-def register_resolvers() -> None:
+def _default_resume(*, _root_):
+    """``resume``'s default: null, or ``slurm.resume`` (``auto``) when hydra/launcher=slurm adds that table, so
+    a requeued SLURM job continues from its own checkpoint. A plain ``slurm.resume`` interpolation cannot be
+    used: without that launcher ``slurm`` is MISSING in the schema (see dpgen/core/schema.py)."""
+    if "slurm" not in _root_ or OmegaConf.is_missing(_root_, "slurm") or _root_.slurm is None:
+        return None
+    return _root_.slurm.get("resume")
+
+
+def _hydra_subdir(resume, output_dir=None) -> str:
+    """Where Hydra writes this job's config: ``.hydra`` for a new run; beside it (``.hydra/resume-<time>``) when
+    the job continues an existing run, so the original config is never overwritten. ``resume=auto`` continues
+    only when ``output_dir`` already holds a checkpoint (a requeued SLURM job, see dpgen/core/resume.py)."""
+    from dpgen.core.resume import resume_dir
+
+    fresh = resume in (None, "", "null") or (str(resume) == "auto" and resume_dir("auto", output_dir or ".") is None)
+    return ".hydra" if fresh else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def register_configs() -> None:
+    """Register the resolvers and the config schema (idempotent; call before composing configs/train.yaml)."""
+    from dpgen.core.schema import register_schemas
+
+    register_schemas()
     for name, fn in {
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
         "eps_tag": _eps_tag,
-        "run_dir": lambda resume, default: default if resume in (None, "", "null") else str(resume),
-        "hydra_subdir": lambda resume: ".hydra" if resume in (None, "", "null")
-        else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+        "run_dir": lambda resume, default: default if resume in (None, "", "null", "auto") else str(resume),
+        "hydra_subdir": _hydra_subdir,
+        "default_resume": _default_resume,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
+
+
+#: the former name of :func:`register_configs` (it registered the resolvers only)
+register_resolvers = register_configs

@@ -1,16 +1,22 @@
-"""Method lookup. A method is a subpackage ``dpgen.<name>`` plus ``configs/method/<name>.yaml``.
+"""The registry of methods and released generator classes: the only code dpgen imports by name.
 
-The subpackage exposes one function::
+A method is a subpackage ``dpgen.<name>`` plus ``configs/method/<name>.yaml`` plus one entry in
+:data:`METHODS`. The subpackage exposes one function::
 
     train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ReleasedGenerator
 
 It may touch ``data.train`` only through mechanisms recorded in ``ledger``; ``run`` gives it
 the device, seeded RNG, progress/logging and checkpoints. Everything else (outputs, privacy
 report, evaluation) is the pipeline's job.
+
+Config files and ``generator.pt`` name code by string (``method.module``, the generator's class).
+Both are looked up here and nothing else is ever imported: a crafted config or generator file can
+only pick one of these entries (README "Sharing and loading generators").
 """
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -19,13 +25,74 @@ from dpgen.errors import DpgenError
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
+@dataclass(frozen=True)
+class MethodInfo:
+    """``module``: the package with ``train()``; ``hparams``: the config block its hyperparameters live in
+    (schema: :data:`dpgen.core.schema.HPARAM_SCHEMAS`)."""
+
+    module: str
+    hparams: str
+
+
+#: every method ``method=<name>`` can select (one ``configs/method/<name>.yaml`` each)
+METHODS: dict[str, MethodInfo] = {
+    "dpgan": MethodInfo("dpgen.dpgan", "dpgan"),
+    "gswgan": MethodInfo("dpgen.dpac", "dpac"),
+    "dpac": MethodInfo("dpgen.dpac", "dpac"),
+    "efsgd": MethodInfo("dpgen.efsgd", "efsgd"),
+    "gpate": MethodInfo("dpgen.gpate", "gpate"),
+    "dpaf": MethodInfo("dpgen.dpaf", "dpaf"),
+    "feta": MethodInfo("dpgen.feta", "feta"),
+    "dpdm": MethodInfo("dpgen.feta", "feta"),
+}
+
+#: every class a ``generator.pt`` may name (``module:qualname``), i.e. every ReleasedGenerator a method's
+#: ``train`` returns. A new released class must be added here, or its runs cannot be loaded.
+RELEASED_GENERATORS: tuple[str, ...] = (
+    "dpgen.nets.dcgan:CondGenerator",            # dpgan, dpaf
+    "dpgen.dpac.nets:ResNetGenerator",           # dpac, gswgan
+    "dpgen.efsgd.nets:NoiseInjectionGenerator",  # efsgd
+    "dpgen.gpate.nets:GPateGenerator",           # gpate (images)
+    "dpgen.gpate.nets:GPateTabularGenerator",    # gpate (credit)
+    "dpgen.feta.generator:FetaGenerator",        # feta, dpdm
+)
+
+
 def available(group: str) -> list[str]:
     """Names of the options in a config group (``method``, ``dataset``, ``eval``, ...)."""
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def load_method(module: str) -> ModuleType:
-    mod = importlib.import_module(module)
+def method_info(name: str) -> MethodInfo:
+    """The registry entry of method ``name`` (a DpgenError listing the methods otherwise)."""
+    if name not in METHODS:
+        raise DpgenError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def load_method(name: str) -> ModuleType:
+    """Import the training package of a registered method, given by its name (``dpac``) or its registered
+    module (``dpgen.dpac``); any other string is refused, never imported."""
+    modules = {info.module for info in METHODS.values()}
+    mod = importlib.import_module(name if name in modules else method_info(name).module)
     if not callable(getattr(mod, "train", None)):
-        raise DpgenError(f"method module {module} has no train(hp, data, ledger, run) function")
+        raise DpgenError(f"method module {mod.__name__} has no train(hp, data, ledger, run) function")
     return mod
+
+
+def released_generator_class(path: str) -> type:
+    """The registered released-generator class named ``module:qualname``; nothing else is imported.
+
+    The class is checked to be a :class:`~dpgen.core.generator.ReleasedGenerator` before anyone calls it.
+    """
+    from dpgen.core.generator import ReleasedGenerator
+
+    if not isinstance(path, str) or path not in RELEASED_GENERATORS:
+        shown = path if isinstance(path, str) else type(path).__name__
+        raise DpgenError(f"class {shown[:80]!r} is not a released dpgen generator "
+                         "(dpgen.core.methods.RELEASED_GENERATORS lists them)")
+    module_name, qualname = path.split(":")
+    cls = getattr(importlib.import_module(module_name), qualname, None)
+    if not (isinstance(cls, type) and issubclass(cls, ReleasedGenerator)):
+        raise DpgenError(f"registry entry {path} is not a ReleasedGenerator subclass")  # a registry bug
+    return cls

@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpgen.io import atomic_write_json
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_generator
-from dpgen.core.methods import available, load_method
+from dpgen.core.methods import load_method
+from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
 from dpgen.data import load_dataset
 from dpgen.data.base import ImageDataset
@@ -61,20 +62,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Checks that need no data; the rest (δ < 1/N, files) follows once data is loaded."""
-    parse_epsilon(cfg.eps)
-    if cfg.method.name not in available("method"):
-        raise DpgenError(f"unknown method {cfg.method.name!r}; choose one of {', '.join(available('method'))}")
-    if cfg.privacy.accounting not in ("sound", "paper"):
-        raise DpgenError(f"privacy.accounting must be sound or paper, not {cfg.privacy.accounting!r}")
-    if cfg.privacy.accountant not in ("rdp", "pld"):
-        raise DpgenError(f"privacy.accountant must be rdp or pld, not {cfg.privacy.accountant!r}")
-    threads = cfg.get("threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise DpgenError(f"threads must be a positive integer or null, not {threads!r}")
-    if cfg.profile not in ("quick", "paper"):
-        raise DpgenError(f"profile must be quick or paper, not {cfg.profile!r}")
+def validate(cfg: DictConfig, data: ImageDataset | None = None) -> None:
+    """Every config value against the schema (:func:`dpgen.core.schema.check_config`): types, ranges, choices,
+    the registered method. With ``data``, also the rules that need it (δ < 1/N, batches <= N, image sizes)."""
+    from dpgen.core.schema import Facts, check_config
+
+    facts = Facts() if data is None else Facts(len(data.train), tuple(data.shape), bool(data.tabular))
+    check_config(cfg, facts)
+    if data is not None:
+        check_delta(float(cfg.delta), len(data.train))
 
 
 def fingerprint(cfg: DictConfig) -> dict:
@@ -85,6 +81,31 @@ def fingerprint(cfg: DictConfig) -> dict:
         "accountant": cfg.privacy.accountant,
         "hparams": OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True),
     }
+
+
+def fingerprint_diff(stored: dict, current: dict) -> str | None:
+    """The first differing fingerprint settings as "key: old -> new" (None when they agree)."""
+    diff = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
+
+
+def check_resume(cfg: DictConfig, run_dir: Path | None = None) -> None:
+    """``resume=<run dir>`` (or the job's own ``run_dir`` under ``resume=auto``): the run's saved config
+    (:func:`dpgen.core.schema.load_run_config`) and its checkpoint (:func:`dpgen.core.checkpoint.load_checkpoint`,
+    ledger included) are valid, and both were made with this config's settings (:func:`fingerprint`); checked
+    before anything is written."""
+    from dpgen.core.checkpoint import load_checkpoint
+    from dpgen.core.schema import load_run_config
+
+    run_dir = Path(str(cfg.resume)) if run_dir is None else Path(run_dir)
+    saved = load_run_config(run_dir)
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    PrivacyLedger(delta=0.5).load_state_dict(ckpt["ledger"])
+    current = fingerprint(cfg)
+    for what, stored in (("the checkpoint", ckpt["fingerprint"]), (f"{run_dir}/.hydra/config.yaml", fingerprint(saved))):
+        diff = fingerprint_diff(stored, current)
+        if diff:
+            raise DpgenError(f"resume config differs from {what} ({diff}); resume with the original settings")
 
 
 def save_sample_grid(gen: ReleasedGenerator, path: Path, per_class: int, seed: int) -> None:
@@ -110,18 +131,23 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     device = resolve_device(str(cfg.device))
     set_threads(cfg.get("threads"))
     seed_everything(int(cfg.seed))
+    if cfg.dataset.get("alias"):
+        log.info("dataset=%s resolves to %s for method=%s: %s", cfg.dataset.alias, cfg.dataset.name, cfg.method.name,
+                 cfg.dataset.get("note"))
     if data is None:
         data = load_dataset(cfg.dataset.name, cfg.data_root)
+    validate(cfg, data)
     delta = float(cfg.delta)
-    check_delta(delta, len(data.train))
     target = parse_epsilon(cfg.eps)
     ledger = PrivacyLedger(delta=delta, target_epsilon=target, accountant=cfg.privacy.accountant,
                            accounting=cfg.privacy.accounting)
-    resume = cfg.resume is not None
+    resume = resume_dir(cfg.resume, run_dir) is not None
+    if resume and str(cfg.resume) == "auto":  # a requeued job: its own checkpoint and config must match
+        check_resume(cfg, run_dir)
     run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
               log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
               tensorboard=cfg.tensorboard, progress=cfg.progress)
-    method = load_method(cfg.method.module)
+    method = load_method(cfg.method.name)
     log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s", cfg.method.name, data.name,
              len(data.train), target, delta, cfg.profile, device)
     if ledger.privacy_off:
@@ -167,6 +193,8 @@ def evaluate_generator(gen: ReleasedGenerator, data, cfg: DictConfig, device: to
     x_np = x.numpy().astype(np.float32) if data.tabular else to_uint8(x)
     metrics = evaluate(x_np, y.numpy(), data, cfg.eval, device=device, seed=int(cfg.seed),
                        cache_dir=Path(cfg.data_root) / "cache" / "eval", log=log.info)
+    if cfg.dataset.get("alias"):
+        metrics["dataset_alias"] = str(cfg.dataset.alias)  # what was typed (dataset=celeba); "dataset" is concrete
     metrics.update({"method": cfg.method.name, "dataset": data.name, "target_epsilon": parse_epsilon(cfg.eps),
                     "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
                     "eval_seconds": round(time.time() - t0, 1)})

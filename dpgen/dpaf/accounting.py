@@ -75,6 +75,23 @@ def parse_split(split, unit: str, eps: float, has_conv1: bool) -> Split:
     return Split(x1, x2, x3, last)
 
 
+def parse_noise_multipliers(value, has_conv1: bool) -> tuple[float | None, float, float] | None:
+    """``dpaf.noise_multipliers``: null (calibrate to the split) or fixed ``[z1, z2, z3]`` (conv1's DP-SGD,
+    conv2*'s DP-SGD, DPAGG); z1 may be null when conv1 is not trained in phase 1. With fixed values the
+    budget guards, not the plan, decide how many steps run."""
+    if value is None:
+        return None
+    try:
+        zs = [None if v is None else float(v) for v in value]
+    except (TypeError, ValueError):
+        raise DpgenError(f"dpaf.noise_multipliers must be null or [z1, z2, z3], got {value!r}") from None
+    if len(zs) != 3 or any(z is not None and not (0 <= z < float("inf")) for z in zs) or None in zs[1:]:
+        raise DpgenError(f"dpaf.noise_multipliers must be null or [z1, z2, z3] of finite numbers >= 0, got {value!r}")
+    if has_conv1 and zs[0] is None:
+        raise DpgenError("dpaf.noise_multipliers: z1 (conv1's DP-SGD) is needed when dpaf.conv1=transfer")
+    return zs[0], zs[1], zs[2]
+
+
 def paper_parts(entries: list[LedgerEntry], mu: int) -> dict[str, list[LedgerEntry]]:
     """The ledger split the way Theorem 6 counts it (see module docstring)."""
     parts: dict[str, list[LedgerEntry]] = {"conv1": [], "conv2": [], "dpagg": []}
@@ -100,8 +117,9 @@ class Budget:
     against its own ε_i on a shadow ledger (the paper's accounting), while the main ledger records the
     releases as they happened."""
 
-    def __init__(self, ledger: PrivacyLedger, split: Split, mu: int, q1: float, t1: int, q: float, groups: int):
-        self.ledger, self.split, self.mu = ledger, split, mu
+    def __init__(self, ledger: PrivacyLedger, split: Split, mu: int, q1: float, t1: int, q: float, groups: int,
+                 fixed: tuple[float | None, float, float] | None = None):
+        self.ledger, self.split, self.mu, self.fixed = ledger, split, mu, fixed
         self.q1, self.t1, self.q, self.rho, self.groups = q1, t1, q, min(1.0, mu * q), groups
         self.paper = ledger.accounting == "paper"
         if self.paper:
@@ -117,12 +135,16 @@ class Budget:
                                           accountant=self.ledger.accountant)
 
     def conv1_sigma(self) -> float:
-        """z1 with ε(conv1's t1 steps) = ε1."""
+        """z1 with ε(conv1's t1 steps) = ε1 (or the fixed z1)."""
+        if self.fixed:
+            return self.fixed[0]
         return self._cal(self.split.eps1, lambda z: [LedgerEntry(CONV1, [z], "poisson", self.q1, self.t1)])
 
     def group_sigmas(self) -> tuple[float, float]:
         """(z3, z2). sound: the non-rest part brings the ledger to ε1 + its ε (base = phase-1 entries), the rest
-        part brings it to the total; paper: each alone to its ε_i."""
+        part brings it to the total; paper: each alone to its ε_i. Fixed values are returned as they are."""
+        if self.fixed:
+            return self.fixed[2], self.fixed[1]
         s, g = self.split, self.groups
 
         def group(zs):

@@ -19,7 +19,8 @@ def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scal
     return (total + noise * (noise_multiplier * sensitivity)) / scale
 
 
-def compress_top(per_sample: torch.Tensor, keep: float, max_exact: int = 2048) -> torch.Tensor:
+def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generator | None = None,
+                 max_exact: int = 2048) -> torch.Tensor:
     """Gradient compression (Sec. VI-B7, [62]): keep the ``keep`` fraction of largest-magnitude entries
     of each per-sample gradient (rows of ``per_sample``), zero the rest. Done before clipping, so the
     clipped norm, hence DP-SGD's sensitivity, is unaffected.
@@ -27,13 +28,15 @@ def compress_top(per_sample: torch.Tensor, keep: float, max_exact: int = 2048) -
     Rows longer than ``max_exact`` use a threshold estimated from ``max_exact`` coordinates drawn at random
     (data-independently) instead of an exact sort, which is far too slow on a CPU (the kept fraction is then
     ``keep`` ± ~0.7% for 2048 draws); each row's threshold still depends on that row only, so this remains
-    a per-sample map.
+    a per-sample map. The coordinates come from ``generator`` (the run's seeded stream, on the device of
+    ``per_sample``), so a run is reproducible.
     """
     if keep >= 1.0 or per_sample.numel() == 0:
         return per_sample
     d = per_sample.shape[1]
     if d > max_exact:  # index_select then abs: never materialise |g| of the full matrix twice
-        sub = per_sample.index_select(1, torch.randint(0, d, (max_exact,), device=per_sample.device)).abs()
+        cols = torch.randint(0, d, (max_exact,), generator=generator, device=per_sample.device)
+        sub = per_sample.index_select(1, cols).abs()
     else:
         sub = per_sample.abs()
     drop = int(round((1.0 - keep) * sub.shape[1]))
@@ -45,22 +48,48 @@ def compress_top(per_sample: torch.Tensor, keep: float, max_exact: int = 2048) -
 
 class CompressedDPOptimizer(DPOptimizer):
     """opacus' DPOptimizer (per-sample clipping to C, noise N(0, σ²C²); Abadi et al. 2016 Alg. 1) that first
-    applies :func:`compress_top` to each sample's gradient across all of its parameters."""
+    applies :func:`compress_top` to each sample's gradient across all of its parameters.
+
+    With ``track = True`` the next step also keeps, as device tensors (no host sync), the median per-sample
+    gradient norm before clipping and the norm of the clipped sum (the signal the noise N(0, σ²C² I_d) is
+    added to): :meth:`signal_to_noise` divides the latter by the expected noise norm σ·C·√d.
+    """
 
     def __init__(self, *args, keep: float = 1.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.keep = float(keep)
+        self.track = False
+        self.stats: dict[str, torch.Tensor] = {}
+        self.dim = sum(p.numel() for p in self.params)
 
     def clip_and_accumulate(self) -> None:
-        if self.keep < 1.0 and len(self.grad_samples[0]) > 0:
-            gs = self.grad_samples
+        gs = self.grad_samples
+        if self.keep < 1.0 and len(gs[0]) > 0:
             b = len(gs[0])
-            flat = compress_top(torch.cat([g.reshape(b, -1) for g in gs], dim=1), self.keep)
+            flat = compress_top(torch.cat([g.reshape(b, -1) for g in gs], dim=1), self.keep, self.generator)
             off = 0
             for p, g in zip(self.params, gs):
                 p.grad_sample = flat[:, off:off + g[0].numel()].reshape(g.shape).to(g.dtype)
                 off += g[0].numel()
+        if self.track and len(gs[0]) > 0:
+            norms = torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in self.grad_samples], 1).norm(dim=1)
+            self.stats["grad_norm_median"] = norms.median()
         super().clip_and_accumulate()
+        if self.track:
+            self.stats["signal"] = torch.stack([p.summed_grad.norm() for p in self.params]).norm()
+
+    def empty_step(self) -> None:
+        """The release of an empty Poisson batch: the clipped sum is 0, the output pure noise. Skipping the
+        step instead would reveal that the batch was empty."""
+        for p in self.params:
+            p.grad_sample = torch.zeros((0, *p.shape), device=p.device, dtype=p.dtype)
+        self.step()
+
+    def signal_to_noise(self) -> torch.Tensor | None:
+        """‖Σ clipped gradients‖ / (σ·C·√d) of the last tracked step (None if none; inf when σ = 0)."""
+        if "signal" not in self.stats:
+            return None
+        return self.stats["signal"] / (self.noise_multiplier * self.max_grad_norm * self.dim ** 0.5)
 
 
 def schedule(batch: int, mu: int, n_critic: int) -> set[str]:
@@ -74,9 +103,39 @@ def schedule(batch: int, mu: int, n_critic: int) -> set[str]:
     return ups
 
 
-def poisson_indices(n: int, q: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Each record joins independently with probability q (the sampling the ledger accounts)."""
-    return (torch.rand(n, generator=generator, device=device) < q).nonzero().squeeze(1)
+def poisson_chunk(n: int, q: float, steps: int, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
+    """``steps`` independent Poisson samples of rate q from n records, on ``device``: each record joins each
+    sample independently with probability q (the sampling the ledger accounts).
+
+    Drawn together so that a training loop reads the batch sizes back from the device once per chunk (one
+    ``tolist``) instead of once per step; the draw is data-independent, so drawing ahead changes nothing. A
+    stable sort puts each row's members first, in index order, so no ``nonzero`` (a second sync) is needed.
+    """
+    mask = torch.rand(steps, n, generator=generator, device=device) < q
+    counts = mask.sum(1).tolist()
+    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
+    return [order[r, :c] for r, c in enumerate(counts)]
+
+
+class PoissonSampler:
+    """The Poisson samples of one training phase, step by step, ``chunk`` steps per device round trip.
+
+    Chunk c is drawn from a generator seeded with ``seed`` + c, so the sample of step s depends only on
+    (seed, s): a resumed run draws exactly the batches of the uninterrupted one.
+    """
+
+    def __init__(self, n: int, q: float, seed: int, chunk: int, device: torch.device) -> None:
+        self.n, self.q, self.seed, self.chunk, self.device = n, float(q), int(seed), max(1, int(chunk)), device
+        self._gen = torch.Generator(device=device)
+        self._cached: tuple[int, list[torch.Tensor]] | None = None
+
+    def __call__(self, step: int) -> torch.Tensor:
+        """The sample of the phase's ``step``-th (0-based) step."""
+        c = step // self.chunk
+        if self._cached is None or self._cached[0] != c:
+            self._gen.manual_seed(self.seed + c)
+            self._cached = (c, poisson_chunk(self.n, self.q, self.chunk, self._gen, self.device))
+        return self._cached[1][step % self.chunk]
 
 
 def split_group(idx: torch.Tensor, mu: int, generator: torch.Generator) -> list[torch.Tensor]:

@@ -14,8 +14,8 @@ from dpgen.core.checkpoint import set_rng_state
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
-from dpgen.dpaf.accounting import Budget, parse_split
-from dpgen.dpaf.mechanisms import CompressedDPOptimizer, dpagg, poisson_indices, schedule, split_group
+from dpgen.dpaf.accounting import Budget, parse_noise_multipliers, parse_split
+from dpgen.dpaf.mechanisms import CompressedDPOptimizer, PoissonSampler, dpagg, schedule, split_group
 from dpgen.dpaf.nets import DpafNet, resolve_layers
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator
@@ -53,10 +53,27 @@ def c_loss(c_net: DpafNet, x: torch.Tensor, y: torch.Tensor, k: int, batch: int,
     f = c_net.features(x, sin_eps=eps)
     if paper:
         pred = torch.softmax(c_net.score(f.sum(0, keepdim=True) / batch), dim=1)[0]
-        target = torch.bincount(y, minlength=k).to(pred.dtype) / max(len(y), 1)
+        target = F.one_hot(y, k).sum(0).to(pred.dtype) / max(len(y), 1)  # not bincount: that syncs on CUDA
         return (pred - target).pow(2).sum()
     pred = torch.softmax(c_net.score(f), dim=1)
     return (pred - F.one_hot(y, k).to(pred.dtype)).pow(2).sum()
+
+
+def _sampler(run: Run, n: int, q: float, phase: int, steps: int) -> PoissonSampler:
+    """Phase ``phase``'s Poisson batches from a stream of the run's seed (see PoissonSampler), drawn
+    ``log_every`` steps per device round trip (at most the phase's ``steps``, and ~4M random draws)."""
+    seed = ((run.seed * 1_000_003 + 10 + phase) << 24) % 2**63
+    return PoissonSampler(n, q, seed, max(1, min(run.log_every, steps, 4_000_000 // n)), run.device)
+
+
+def _stats(opt: CompressedDPOptimizer, tag: str) -> dict[str, torch.Tensor]:
+    """Per-step diagnostics of a tracked DP-SGD step (device tensors; Run reads them at log steps only)."""
+    out = {}
+    if "grad_norm_median" in opt.stats:
+        out[f"gnorm_{tag}"] = opt.stats["grad_norm_median"]
+    if opt.noise_multiplier > 0 and "signal" in opt.stats:
+        out[f"snr_{tag}"] = opt.signal_to_noise()
+    return out
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> CondGenerator:
@@ -74,7 +91,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     groups = max(1, int(-(-float(hp.d_epochs) * n // (mu * bsz))))
     q1, q = bc / n, bsz / n
     split = parse_split(list(hp.split), hp.split_unit, float(ledger.target_epsilon), train_c)
-    budget = Budget(ledger, split, mu, q1, t1, q, groups)
+    fixed = parse_noise_multipliers(hp.get("noise_multipliers"), train_c)
+    budget = Budget(ledger, split, mu, q1, t1, q, groups, fixed)
     net_kw = dict(width=int(hp.width), fc_hidden=int(hp.fc_hidden), activation=hp.activation)
     gens = {"sample": run.torch_generator(1), "noise": run.torch_generator(2), "fake": run.torch_generator(3),
             "agg": run.torch_generator(4)}
@@ -91,6 +109,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         set_rng_state(run.resume_state["rng"])
     z1 = float(state["z1"]) if state and state.get("z1") is not None else (budget.conv1_sigma() if t1 else None)
     if step < t1:
+        sample_c = _sampler(run, n, q1, 1, t1)
         # paper: only conv1 by DP-SGD, conv2/conv3/FC by plain SGD (line 4); sound: all of C by DP-SGD.
         dp_part = c_net if not paper else c_net.conv1
         gsm_c = GradSampleModule(dp_part, loss_reduction="sum")  # noqa: F841 (keeps the per-sample hooks alive)
@@ -111,19 +130,22 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         while step < t1:
             if not budget.conv1_step():
                 raise DpgenError("dpaf: privacy budget exhausted in phase 1; lower dpaf.c_epochs or raise eps")
-            idx = poisson_indices(n, q1, gens["sample"], dev)
+            idx = sample_c(step)
             opt_c.zero_grad(set_to_none=True)
             if opt_plain:
                 opt_plain.zero_grad(set_to_none=True)
-            loss = torch.zeros(())
-            if len(idx):
+            opt_c.track = (step + 1) % run.log_every == 0
+            loss = torch.zeros((), device=dev)
+            if len(idx):  # len() of a tensor: its size is known on the host, no sync
                 loss = c_loss(c_net, x_all[idx], y_all[idx], k, bc, paper, eps_sin)
                 loss.backward()
                 opt_c.step()
                 if opt_plain:
                     opt_plain.step()
+            else:
+                opt_c.empty_step()
             step += 1
-            run.step_done(step, {"loss_c": loss.item() / max(len(idx), 1)}, snap_c, gens)
+            run.step_done(step, {"loss_c": loss.detach() / max(len(idx), 1), **_stats(opt_c, "c")}, snap_c, gens)
         state = None  # phase 2 starts fresh from C's conv1
     elif state is not None and "d" not in state:
         # resumed from the checkpoint of phase 1's last step (step == t1): only C exists yet
@@ -171,37 +193,42 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         return {"d": d_net.state_dict(), "g": g_net.state_dict(), "opt_d2": opt_d2.original_optimizer.state_dict(),
                 "opt_head": opt_head.state_dict(), "opt_g": opt_g.state_dict(), "z1": z1, "z3": z3, "z2": z2}
 
-    loss_d = loss_d2 = loss_g = torch.zeros(())
+    loss_d = loss_d2 = loss_g = torch.zeros((), device=dev)
+    one, zero = torch.ones(1, device=dev), torch.zeros(1, device=dev)
+    sample_d = _sampler(run, n, budget.rho, 2, groups)
     while step < t1 + groups:
         if not budget.group_step():
             log.info("privacy budget reached after %d groups", step - t1)
             break
         g = step - t1
-        idx = poisson_indices(n, budget.rho, gens["sample"], dev)
+        idx = sample_d(g)
         subs = split_group(idx, mu, gens["sample"])
         with torch.no_grad():  # the μ DPAGG releases of this group (conv1/conv2* are fixed within it)
             real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]
+        fakes = []  # the fake halves of the group's μ batches, which conv2*'s step reuses (Alg. 1 line 9)
         for j in range(mu):
             # L_BCE on D with DPAGG: conv3* and FC* by SGD (post-processing of DPAGG), line 10/13
             with torch.no_grad():
                 xf, yf = fake(bsz)
+                fakes.append((xf, yf))
                 fake_agg = dpagg(d_net.features(xf, yf, eps_sin), sens, z3, bsz, gens["agg"])
             opt_head.zero_grad(set_to_none=True)
-            loss_d = (F.binary_cross_entropy_with_logits(d_net.score(real_aggs[j]), torch.ones(1, device=dev))
-                      + F.binary_cross_entropy_with_logits(d_net.score(fake_agg), torch.zeros(1, device=dev)))
+            loss_d = (F.binary_cross_entropy_with_logits(d_net.score(real_aggs[j]), one)
+                      + F.binary_cross_entropy_with_logits(d_net.score(fake_agg), zero))
             loss_d.backward()
             opt_head.step()
             ups = schedule(g * mu + j + 1, mu, n_critic)
             if "conv2" in ups:
-                loss_d2 = conv2_step(d_net, gsm, opt_d2, x_all, y_all, subs, idx, fake, bsz, paper, eps_sin)
+                opt_d2.track = (step + 1) % run.log_every == 0
+                loss_d2 = conv2_step(d_net, gsm, opt_d2, x_all, y_all, subs, idx, fakes, paper, eps_sin)
             if "G" in ups:  # L''_BCE through D̂ (no aggregation), line 15
                 opt_g.zero_grad(set_to_none=True)
                 loss_g = generator_loss(g_net, d_net, bsz, k, ms_weight, gens["fake"], eps_sin)
                 loss_g.backward()
                 opt_g.step()
         step += 1
-        run.step_done(step, {"loss_d": loss_d.item() / 2, "loss_d2": loss_d2.item(), "loss_g": loss_g.item()},
-                      snap_d, gens)
+        run.step_done(step, {"loss_d": loss_d.detach() / 2, "loss_d2": loss_d2, "loss_g": loss_g.detach(),
+                             **_stats(opt_d2, "d2")}, snap_d, gens)
     run.finish(step, snap_d(), gens)
     return g_net.eval()
 
@@ -230,28 +257,29 @@ def generator_loss(g_net: CondGenerator, d_net: DpafNet, bsz: int, k: int, ms_we
 
 
 def conv2_step(d_net: DpafNet, gsm: GradSampleModule, opt: CompressedDPOptimizer, x_all: torch.Tensor,
-               y_all: torch.Tensor, subs: list[torch.Tensor], idx: torch.Tensor, fake, bsz: int, paper: bool,
-               eps: float) -> torch.Tensor:
-    """DPSGD(ε2) of conv2* on the group's μ batches (Alg. 1 line 11), real rows labelled 1, μ·B fake rows 0.
+               y_all: torch.Tensor, subs: list[torch.Tensor], idx: torch.Tensor,
+               fakes: list[tuple[torch.Tensor, torch.Tensor]], paper: bool, eps: float) -> torch.Tensor:
+    """DPSGD(ε2) of conv2* on the group's μ batches (Alg. 1 line 11), real rows labelled 1, the μ batches'
+    fake rows (``fakes``, generated for the conv3*/FC* steps of the same batches, line 9) labelled 0.
 
     paper: L'_BCE on D̂ with AGG (no noise) per batch, as published (the aggregation couples samples).
     sound: per-sample BCE through D̂ without aggregation, so clipping bounds each record's contribution by C.
     """
     mu = len(subs)
-    with torch.no_grad():
-        xf, yf = fake(mu * bsz)
+    xf, yf = torch.cat([f[0] for f in fakes]), torch.cat([f[1] for f in fakes])
     gsm.enable_hooks()
     opt.zero_grad(set_to_none=True)
     if paper:
         order = torch.cat(subs)
-        f = d_net.features(torch.cat([x_all[order], xf]), torch.cat([y_all[order], yf]), eps)
-        sizes = [len(s) for s in subs] + [bsz] * mu
-        aggs = torch.cat([c.sum(0, keepdim=True) / bsz for c in torch.split(f, sizes)])
-        target = torch.cat([torch.ones(mu), torch.zeros(mu)]).to(f)
+        feats = d_net.features(torch.cat([x_all[order], xf]), torch.cat([y_all[order], yf]), eps)
+        sizes = [len(s) for s in subs] + [len(fb[0]) for fb in fakes]
+        bsz = len(fakes[0][0])  # the expected batch size B (a fake batch has exactly B rows)
+        aggs = torch.cat([c.sum(0, keepdim=True) / bsz for c in torch.split(feats, sizes)])
+        target = torch.cat([torch.ones(mu, device=feats.device), torch.zeros(mu, device=feats.device)])
         loss = F.binary_cross_entropy_with_logits(d_net.score(aggs), target, reduction="sum")
     else:
         logits = d_net.score(d_net.features(torch.cat([x_all[idx], xf]), torch.cat([y_all[idx], yf]), eps))
-        target = torch.cat([torch.ones(len(idx)), torch.zeros(len(xf))]).to(logits)
+        target = torch.cat([torch.ones(len(idx), device=logits.device), torch.zeros(len(xf), device=logits.device)])
         loss = F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
     loss.backward()
     opt.step()

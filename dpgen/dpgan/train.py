@@ -21,7 +21,10 @@ ENTRY = "dpgan.discriminator"
 
 
 def poisson_batch(n: int, q: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Indices of a Poisson-sampled batch: each record joins independently with probability q."""
+    """Indices of a Poisson-sampled batch: each record joins independently with probability q.
+
+    The batch size is random, so its indices need one host sync (``nonzero``) per step: the only one
+    in dpgan's step (opacus needs a concrete batch)."""
     return (torch.rand(n, generator=generator, device=device) < q).nonzero().squeeze(1)
 
 
@@ -113,7 +116,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     run.start(int(hp.iters), desc=f"dpgan eps<={ledger.target_epsilon:g}")
     it = run.start_step
-    loss_d = loss_g = torch.zeros(())
+    loss_d = loss_g = torch.zeros((), device=dev)
     while it < int(hp.iters):
         for _ in range(int(hp.n_critic)):
             if not guard.allows():
@@ -132,7 +135,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             opt_g.step()
             d_net.enable_hooks()
             it += 1
-            run.step_done(it, {"loss_d": loss_d.item() / (2 * batch), "loss_g": loss_g.item()}, snapshot, gens)
+            # tensors: Run converts them to floats only on log steps (no host sync per step)
+            run.step_done(it, {"loss_d": loss_d / (2 * batch), "loss_g": loss_g.detach()}, snapshot, gens)
             continue
         log.info("privacy budget reached after %d generator iterations", it)
         break

@@ -36,6 +36,7 @@ class EvalConfig:
     inception_score: bool = True
     is_splits: int = 1
     inception_weights: str | None = None
+    inception_download: bool = True  # fetch pytorch-fid's weights into the torch hub cache when missing
     fid_max_real: int | None = 10000
     fid_max_syn: int | None = None
     inception_batch_size: int = 50
@@ -51,7 +52,7 @@ def _plain(v: Any) -> Any:
 
 
 def _fail(key: str, value: Any, want: str) -> DpgenError:
-    return DpgenError(f"eval config: {key}={value!r} is invalid; expected {want}")
+    return DpgenError(f"eval.{key}={value!r} is invalid; expected {want}")  # the key as the user types it
 
 
 def _as_int(key: str, v: Any, minimum: int, allow_none: bool = False) -> int | None:
@@ -129,6 +130,7 @@ def resolve_config(cfg: Mapping | EvalConfig | None) -> EvalConfig:
         inception_score=_as_bool("inception_score", vals["inception_score"]),
         is_splits=_as_int("is_splits", vals["is_splits"], 1),
         inception_weights=weights,
+        inception_download=_as_bool("inception_download", vals["inception_download"]),
         fid_max_real=_as_int("fid_max_real", vals["fid_max_real"], 2, allow_none=True),
         fid_max_syn=_as_int("fid_max_syn", vals["fid_max_syn"], 2, allow_none=True),
         inception_batch_size=_as_int("inception_batch_size", vals["inception_batch_size"], 1),

@@ -1,18 +1,21 @@
 """Inception FID (Heusel et al. 2017) and Inception Score (Salimans et al. 2016) with pytorch-fid's
-network, strictly offline.
+network.
 
 Network: the module tree of ``pytorch_fid.inception.fid_inception_v3`` (torchvision Inception-v3 with
 1008 classes and pytorch-fid's ``FIDInception*`` blocks, a port of TF ``inception-2015-12-05``).
-``fid_inception_v3()`` itself would download its weights, so it is never called: the architecture is
-assembled here and the state dict is loaded from a LOCAL file,
+``fid_inception_v3()`` itself would download its weights without a timeout, so it is never called: the
+architecture is assembled here and the state dict is loaded from a file,
 
-* ``cfg.inception_weights`` if set, else
+* ``cfg.inception_weights`` if set (never downloaded), else
 * ``torch.hub.get_dir()/checkpoints/<basename of pytorch_fid.inception.FID_WEIGHTS_URL>``
-  (``pt_inception-2015-12-05-6726825d.pth``, where pytorch-fid's own download would put it).
+  (``pt_inception-2015-12-05-6726825d.pth``, where pytorch-fid's own download puts it). When it is
+  missing and ``cfg.inception_download`` is true (the default), it is fetched from pytorch-fid's
+  ``FID_WEIGHTS_URL`` with torch.hub's downloader (sha256 prefix checked, atomic rename) and a short
+  socket timeout. ``DPGEN_OFFLINE=1`` in the environment forbids any download (the test suite sets it).
 
-If no such file exists the metrics are ``None`` with a reason; no network is built and nothing is
-downloaded.  A network is only ever built when a complete state dict is in hand, so the metrics never
-come from random weights.
+If no weights file can be had the metrics are ``None`` with a reason (offline, download failed, ...). A
+network is only ever built when a complete state dict is in hand, so the metrics never come from random
+weights.
 
 Preprocessing follows pytorch-fid's ``InceptionV3(resize_input=True, normalize_input=True)`` as used by
 DPImageBench: uint8 -> [0, 1], grayscale repeated to 3 channels (as DPDM, GS-WGAN and DPImageBench
@@ -27,7 +30,11 @@ samples and reports mean and std over chunks: 10 splits is Salimans et al.'s ori
 """
 from __future__ import annotations
 
+import logging
 import math
+import os
+import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,8 +63,38 @@ def default_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / weights_filename()
 
 
+DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation: an offline machine fails fast, a slow link still finishes
+OFFLINE_ENV = "DPGEN_OFFLINE"
+
+
+def fetch_weights(timeout: float = DOWNLOAD_TIMEOUT_S) -> tuple[Path | None, str | None]:
+    """Download pytorch-fid's weights into the torch hub cache as pytorch-fid would; (path, None) or (None, why).
+
+    ``torch.hub.download_url_to_file`` writes to a temporary file, checks the sha256 prefix in the file name
+    (``...-6726825d.pth``) and renames it into place, so an interrupted download leaves nothing behind.
+    """
+    from pytorch_fid.inception import FID_WEIGHTS_URL
+
+    if os.environ.get(OFFLINE_ENV, "") not in ("", "0"):
+        return None, f"no download attempted ({OFFLINE_ENV} is set)"
+    dst = default_weights_path()
+    logging.getLogger("dpgen").info("eval: downloading the Inception weights %s to %s", FID_WEIGHTS_URL, dst)
+    prefix = re.search(r"-([a-f0-9]+)\.", weights_filename())
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)  # urllib (inside torch.hub) takes no timeout argument
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        torch.hub.download_url_to_file(FID_WEIGHTS_URL, str(dst), hash_prefix=prefix.group(1) if prefix else None,
+                                       progress=False)
+    except Exception as e:  # noqa: BLE001 - offline, timeout, HTTP error, bad hash: all become a reason
+        return None, f"download of {FID_WEIGHTS_URL} failed ({type(e).__name__}: {str(e)[:200]})"
+    finally:
+        socket.setdefaulttimeout(previous)
+    return (dst, None) if dst.is_file() else (None, f"download of {FID_WEIGHTS_URL} left no file at {dst}")
+
+
 def locate_weights(path: str | Path | None) -> tuple[Path | None, str | None]:
-    """(path, None) if the weights file exists locally, else (None, reason).  Never downloads."""
+    """(path, None) if the weights file exists locally, else (None, reason).  Never downloads (see :func:`fetch_weights`)."""
     if path is not None:
         p = Path(path).expanduser()
         if p.is_file():
@@ -68,7 +105,7 @@ def locate_weights(path: str | Path | None) -> tuple[Path | None, str | None]:
         return p, None
     return None, (
         f"Inception weights not found: put {weights_filename()} (pytorch-fid's FID_WEIGHTS_URL) at {p} "
-        "or set eval.inception_weights; no download attempted"
+        "or set eval.inception_weights"
     )
 
 
@@ -118,9 +155,15 @@ class FIDInception(nn.Module):
         return pool, n.fc(pool)
 
 
-def load_fid_inception(path: str | Path | None) -> tuple[FIDInception | None, str | None]:
-    """Load the FID Inception from a local weights file; (None, reason) if absent or unusable."""
+def load_fid_inception(path: str | Path | None, download: bool = False) -> tuple[FIDInception | None, str | None]:
+    """Load the FID Inception from a weights file; (None, reason) if absent or unusable.
+
+    ``download``: fetch the default file (:func:`fetch_weights`) when ``path`` is None and it is missing.
+    """
     p, reason = locate_weights(path)
+    if p is None and path is None:
+        p, why = fetch_weights() if download else (None, "no download attempted (eval.inception_download: false)")
+        reason = f"{reason}; {why}"
     if p is None:
         return None, reason
     try:
@@ -214,7 +257,7 @@ def inception_metrics(
         return fail(f"Inception metrics need uint8 N x {{1,3}} x H x W images, got {x_syn.dtype} {tuple(x_syn.shape)}")
     if len(x_syn) < 2 or len(x_real) < 2:
         return fail("Inception metrics need at least 2 synthetic and 2 real images")
-    model, reason = load_fid_inception(cfg.inception_weights)
+    model, reason = load_fid_inception(cfg.inception_weights, download=cfg.inception_download)
     if model is None:
         return fail(str(reason))
     weights_path, _ = locate_weights(cfg.inception_weights)

@@ -23,17 +23,17 @@ from dpgen.privacy.per_sample import per_record_grads
 
 def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                      x: torch.Tensor, y: torch.Tensor, multiplicity: int, clip: float,
-                     micro_batch: int) -> tuple[list[torch.Tensor], float]:
+                     micro_batch: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Σ_i clip(mean_k ∇ℓ(x_i, draw k), C) over the batch, in micro-batches of ``micro_batch`` records.
 
     ``loss_fn(x_rep, y_rep)`` returns one loss per row of the K-fold replicated batch
     (``repeat_interleave``: rows i*K..i*K+K−1 belong to record i). Returns the per-parameter sums and
-    the mean loss (for logging).
+    the mean loss (a 0-d tensor for logging: reading it is left to the caller, so no host sync per micro-batch).
     """
     params = [p for p in gsm.parameters() if p.requires_grad]
     acc = [torch.zeros_like(p) for p in params]
     k = int(multiplicity)
-    loss_total, rows = 0.0, 0
+    loss_total, rows = torch.zeros((), device=x.device), 0
     for s in range(0, x.shape[0], max(1, int(micro_batch))):
         xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
         m = xb.shape[0]
@@ -46,13 +46,13 @@ def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, tor
         for p in params:
             p.grad_sample = None
             p.grad = None
-        loss_total += float(losses.detach().sum())
+        loss_total = loss_total + losses.detach().sum()
         rows += losses.shape[0]
     return acc, loss_total / max(rows, 1)
 
 
 def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, multiplicity: int,
-                          clip: float, micro_batch: int, generator: torch.Generator) -> tuple[list[torch.Tensor], float]:
+                          clip: float, micro_batch: int, generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
     """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
 
     The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
@@ -61,7 +61,7 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
     params = [p for p in denoiser.parameters() if p.requires_grad]
     acc = [torch.zeros_like(p) for p in params]
     k = int(multiplicity)
-    loss_total, rows = 0.0, 0
+    loss_total, rows = torch.zeros((), device=x.device), 0
 
     def record_loss(call, xr, yr, sr, nr):
         return edm_loss_at(call, xr, yr, sr, nr).mean()
@@ -74,7 +74,7 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
         grads, losses = per_record_grads(denoiser, record_loss, (
             xr.reshape(m, k, *xb.shape[1:]), yr.reshape(m, k), sigma.reshape(m, k), noise.reshape(m, k, *xb.shape[1:])))
         add_clipped(acc, grads, clip)
-        loss_total += float(losses.sum()) * k
+        loss_total = loss_total + losses.detach().sum() * k
         rows += m * k
     return acc, loss_total / max(rows, 1)
 

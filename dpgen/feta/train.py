@@ -84,12 +84,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     central = str(hp.central)
     unet = unet_kwargs(hp)
     sampler = OmegaConf.to_container(hp.sampler, resolve=True)
-    model = FetaGenerator(k, shape, unet, sampler).to(dev)
+    model = FetaGenerator(k, shape, unet, sampler, chunk=hp.get("sample_chunk")).to(dev)
     ema = copy.deepcopy(model).requires_grad_(False)
     log.info("feta: UNet with %d parameters, central=%s", sum(p.numel() for p in model.parameters()), central)
     gens = {"central": run.torch_generator(1), "warm": run.torch_generator(2), "sample": run.torch_generator(3),
-            "loss": run.torch_generator(4), "noise": run.torch_generator(5),
-            "aug": torch.Generator().manual_seed(run.seed * 1_000_003 + 6)}  # augmentation runs on CPU
+            "loss": run.torch_generator(4), "noise": run.torch_generator(5), "aug": run.torch_generator(6)}
     state = run.resume_state["state"] if run.resume_state else None
     warm_iters = int(hp.warmup_iters) if central != "none" else 0
     total = warm_iters + int(hp.iters)
@@ -102,7 +101,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         cx, cy = query_central(central, x_all, y_all, k, num_images=int(hp.num_central), q=int(hp.central_batch) / n,
                                sigma=0.0 if ledger.privacy_off else float(hp.central_sigma), ledger=ledger,
                                generator=gens["central"],
-                               clip=hp.central_clip, bins=hp.bins)
+                               clip=hp.central_clip, bins=hp.bins, post=str(hp.get("central_post", "official")))
         log.info("feta: %d %s images queried, epsilon so far %.4f", len(cx), central, ledger.epsilon())
     else:
         cx = cy = None
@@ -131,7 +130,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     bag = AugmentBag(int(hp.aug_ops), int(hp.aug_magnitude))
     while step < warm_iters:
         idx = torch.randint(len(cx), (int(hp.warmup_batch),), generator=gens["warm"], device=dev)
-        xb = bag(cx[idx].cpu(), gens["aug"]).to(dev) * 2 - 1
+        xb = bag(cx[idx], gens["aug"]) * 2 - 1
         yb = drop_labels(cy[idx], drop, null, gens["warm"])
         loss = edm_loss(model.net, xb, yb, gens["warm"]).mean()
         opt_w.zero_grad(set_to_none=True)
@@ -139,7 +138,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         opt_w.step()
         ema_update(ema, model, ema_decay)
         step += 1
-        run.step_done(step, {"loss_warm": loss.item()}, snapshot, gens)
+        run.step_done(step, {"loss_warm": loss.detach()}, snapshot, gens)  # read every log_every steps only
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
     backend = str(hp.get("grad_backend", "torch_func"))

@@ -3,6 +3,7 @@
 The only paths from the teachers to the generator are :func:`confident_gnmax`'s noisy outputs.
 Everything before it (projection, clipping, binning, the vote histogram) is the private input;
 everything after (bin mid-points, back-projection) is post-processing of the noisy answers.
+All of it stays on the device: nothing here reads a value back to the host.
 """
 from __future__ import annotations
 
@@ -13,9 +14,48 @@ from typing import Iterable
 import torch
 
 
-def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Alg. 2 line 3: one fresh d×k matrix per synthetic sample, entries N(0, 1/k), drawn without data."""
-    return torch.randn(m, d, k, generator=generator, device=device) / math.sqrt(k)
+def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, device: torch.device,
+                        basis: torch.Tensor | None = None) -> torch.Tensor:
+    """Alg. 2 line 3: one fresh d×k matrix per synthetic sample, drawn without data.
+
+    ``basis`` None (the paper): entries N(0, 1/k).  ``basis`` (d, L) with orthonormal columns (research
+    option, :func:`dct_basis`): R = basis · W · √(d/L) with W (L, k) entries N(0, 1/k), i.e. a random
+    projection restricted to span(basis), scaled so that E‖R_j‖² = d/k as in the paper's case (the clip
+    constant c keeps its meaning).  With L = d it has the paper's distribution.
+    """
+    if basis is None:
+        return torch.randn(m, d, k, generator=generator, device=device) / math.sqrt(k)
+    n_basis = basis.shape[1]
+    w = torch.randn(m, n_basis, k, generator=generator, device=device) / math.sqrt(k)
+    return torch.einsum("dl,mlk->mdk", basis, w) * math.sqrt(d / n_basis)
+
+
+def dct_basis(shape: tuple[int, ...], n_basis: int, device: torch.device | None = None) -> torch.Tensor:
+    """(d, L): the L lowest-frequency atoms of the orthonormal 2-D DCT-II of a (C, H, W) image, per channel.
+
+    Atoms are ordered by u+v (then max(u, v), u, channel): a fixed, data-independent basis.
+    """
+    c, h, w = shape
+    if not 1 <= n_basis <= c * h * w:
+        raise ValueError(f"n_basis must be in [1, {c * h * w}], got {n_basis}")
+
+    def dct_matrix(n: int) -> torch.Tensor:
+        x = torch.arange(n, dtype=torch.float64)
+        mat = torch.cos(math.pi * (2 * x[None, :] + 1) * x[:, None] / (2 * n)) * math.sqrt(2.0 / n)
+        mat[0] /= math.sqrt(2.0)
+        return mat  # rows are the orthonormal 1-D atoms
+
+    dh, dw = dct_matrix(h), dct_matrix(w)
+    freqs = sorted(((u, v) for u in range(h) for v in range(w)), key=lambda t: (t[0] + t[1], max(t), t[0]))
+    atoms = []
+    for u, v in freqs:
+        for ch in range(c):
+            a = torch.zeros(c, h, w, dtype=torch.float64)
+            a[ch] = torch.outer(dh[u], dw[v])
+            atoms.append(a.flatten())
+            if len(atoms) == n_basis:
+                return torch.stack(atoms, 1).to(device=device, dtype=torch.float32)
+    raise AssertionError("unreachable")
 
 
 def bin_index(u: torch.Tensor, c: float, bins: int) -> torch.Tensor:
@@ -30,6 +70,11 @@ def bin_midpoints(c: float, bins: int, device: torch.device | None = None) -> to
     return -c + (torch.arange(bins, device=device, dtype=torch.float32) + 0.5) * width
 
 
+def project(grads: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+    """Alg. 2 line 4, ΔU = ΔX R: grads (t, m, ...) of t teachers, proj (m, d, k) → (t, m, k)."""
+    return torch.einsum("tmd,mdk->tmk", grads.flatten(2), proj)
+
+
 def vote_histogram(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], proj: torch.Tensor, c: float,
                    bins: int) -> torch.Tensor:
     """Counts (m, k, B): how many teachers vote for each bin of each projected dimension of each sample.
@@ -40,8 +85,7 @@ def vote_histogram(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], proj: t
     """
     hist = None
     for _, _, g in grad_chunks:
-        u = torch.einsum("tmd,mdk->tmk", g.flatten(2), proj)  # Alg. 2 line 4, ΔU = ΔX R
-        idx = bin_index(u, c, bins)
+        idx = bin_index(project(g, proj), c, bins)
         part = torch.nn.functional.one_hot(idx, bins).sum(0)  # (m, k, B)
         hist = part if hist is None else hist + part
     assert hist is not None, "no teachers"
@@ -56,41 +100,48 @@ class GNMaxResult:
     winner: torch.Tensor  # (Q,) long: noisy argmax (meaningful where answered)
 
 
-def confident_gnmax(counts: torch.Tensor, threshold: float, sigma1: float, sigma2: float,
+def confident_gnmax(counts: torch.Tensor, threshold: float | None, sigma1: float, sigma2: float,
                     generator: torch.Generator) -> GNMaxResult:
     """Confident-GNMax (Papernot et al. 2018, Alg. 1), one query per row of ``counts`` (Q, B).
 
     Answer iff max_i n_i + N(0, σ1²) ≥ T; then release argmax_i n_i + N(0, σ2²).  The argmax
     noise is drawn for every query (unanswered ones included) so RNG use is data-independent.
+    ``threshold`` None: no threshold check (plain GNMax, every query answered, σ1 unused).
     """
     counts = counts.to(torch.float32)
-    noisy_max = counts.max(dim=1).values + sigma1 * torch.randn(counts.shape[0], generator=generator,
-                                                                 device=counts.device)
-    answered = noisy_max >= threshold
+    q = counts.shape[0]
+    if threshold is None:
+        answered = torch.ones(q, dtype=torch.bool, device=counts.device)
+    else:
+        noisy_max = counts.max(dim=1).values + sigma1 * torch.randn(q, generator=generator, device=counts.device)
+        answered = noisy_max >= threshold
     noisy = counts + sigma2 * torch.randn(counts.shape, generator=generator, device=counts.device)
     return GNMaxResult(answered=answered, winner=noisy.argmax(dim=1))
 
 
 def dp_grad_agg(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], shape: tuple[int, ...], c: float, bins: int,
-                k: int, sigma1: float, sigma2: float, threshold: float, proj_gen: torch.Generator,
-                noise_gen: torch.Generator, m: int, device: torch.device) -> tuple[torch.Tensor, dict]:
+                k: int, sigma1: float, sigma2: float, threshold: float | None, proj_gen: torch.Generator,
+                noise_gen: torch.Generator, m: int, device: torch.device,
+                basis: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Alg. 2: the private aggregate Δx_priv (m, *shape) of the teachers' gradients for m samples.
 
-    Returns Δx_priv and side information (NOT released): the vote counts and answer mask the
-    data-dependent analysis needs, and the teachers' agreement rate on the top bin.
+    Returns Δx_priv and side information (NOT released, all device tensors): the vote counts and
+    answer mask the data-dependent analysis needs, the teachers' agreement rate on the top bin
+    and the answer rate.
     """
     d = int(math.prod(shape))
-    proj = projection_matrices(m, d, k, proj_gen, device)
+    proj = projection_matrices(m, d, k, proj_gen, device, basis)
     hist = vote_histogram(grad_chunks, proj, c, bins)  # (m, k, B)
-    n_teachers = int(hist[0, 0].sum())
-    res = confident_gnmax(hist.reshape(m * k, bins), threshold, sigma1, sigma2, noise_gen)
+    counts = hist.reshape(m * k, bins)
+    res = confident_gnmax(counts, threshold, sigma1, sigma2, noise_gen)
     mids = bin_midpoints(c, bins, device)
     u_priv = torch.where(res.answered, mids[res.winner], torch.zeros((), device=device)).view(m, k)  # line 9
     dx = torch.einsum("mk,mdk->md", u_priv, proj).view(m, *shape)  # Alg. 2 line 11, Δx = Δu Rᵀ
+    top = counts.max(dim=1).values.float()
     side = {
-        "counts": hist.reshape(m * k, bins).cpu(),
-        "answered": res.answered.cpu(),
-        "agreement": float(hist.max(dim=2).values.float().mean() / n_teachers),
-        "answer_rate": float(res.answered.float().mean()),
+        "counts": counts,
+        "answered": res.answered,
+        "agreement": (top / counts.sum(dim=1).float()).mean(),
+        "answer_rate": res.answered.float().mean(),
     }
     return dx, side

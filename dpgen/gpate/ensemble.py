@@ -1,26 +1,51 @@
 """The teacher ensemble as ONE batched model (stacked parameters, grouped convolutions).
 
-All n teachers share one architecture; their parameters are stacked along a new leading axis
-(``torch.func.stack_module_state``).  Teacher classes with a ``stacked_forward`` (both of
-:mod:`dpgen.gpate.nets`) evaluate all teachers with grouped convolutions and batched matmuls;
-any other module falls back to ``vmap(functional_call(...))``, which on CPU is much slower
-(vmap's conv2d batching rule; bench/gpate_ensemble.py measured it at 0.7x a Python loop).
-To bound memory (4000 teachers on one GPU, or a 2-core CPU) the teacher axis is processed in
-chunks of ``chunk`` teachers: a loop over chunks, never over teachers.  Adam is elementwise, so
-one Adam over the stacked tensors equals n independent Adams (official: lr 1e-3, β1 0.5).
+All n teachers share one architecture; their parameters are stacked along a new leading axis.
+Teacher classes with a ``stacked_forward`` (both of :mod:`dpgen.gpate.nets`) evaluate all teachers
+with grouped convolutions and batched matmuls; any other module falls back to
+``vmap(functional_call(...))``, which on CPU is much slower (vmap's conv2d batching rule;
+bench/gpate_ensemble.py measured it at 0.7x a Python loop).  To bound memory (thousands of teachers on
+one GPU, or a 2-core CPU) the teacher axis is processed in chunks of ``chunk`` teachers: a loop over
+chunks, never over teachers.  The stacked parameters are allocated and initialised in place directly on
+the target device (no CPU copy of the ensemble, no temporaries).  Adam is elementwise, so one Adam over the
+stacked tensors equals n independent Adams (official: lr 1e-3, β1 0.5); it runs as torch's
+fused Adam over each chunk's slices.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, vmap
+from torch.optim.adam import adam as adam_update
 
 from dpgen.data.partition import record_owners
+
+#: (x_real, y_real, w_real, x_fake, y_fake) of a chunk of teachers, see :meth:`TeacherEnsemble.train_step`
+TeacherBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _init_rule(base: nn.Module, name: str) -> str:
+    """How the official code initialises parameter ``name`` (see :func:`dpgen.gpate.nets.dcgan_init_`)."""
+    path, leaf = name.rsplit(".", 1)
+    mod = base.get_submodule(path)
+    if leaf == "bias":
+        return "zeros"
+    if isinstance(mod, nn.Conv2d):
+        return "trunc_normal"
+    if isinstance(mod, (nn.Linear, nn.ConvTranspose2d)):
+        return "normal"
+    return "ones"  # normalisation scales
+
+
+def ensemble_bytes(params_per_teacher: int, n: int, chunk: int = 0, dtype_bytes: int = 4) -> int:
+    """Device memory of n teachers' persistent state (parameters and Adam's two moments) plus the gradients
+    of one chunk of ``chunk`` teachers (they live only during that chunk's step); activations come on top."""
+    return (3 * n + chunk) * params_per_teacher * dtype_bytes
 
 
 class TeacherEnsemble:
@@ -30,24 +55,28 @@ class TeacherEnsemble:
                  lr: float = 1e-3, betas: tuple[float, float] = (0.5, 0.999), seed: int = 0) -> None:
         self.n = int(n)
         self.chunk = self.n if not chunk else max(1, min(int(chunk), self.n))
-        torch.manual_seed(seed)  # teacher initialisation only; independent of the data
-        self.base = make_teacher().to("meta")
-        build = [make_teacher() for _ in range(min(self.n, 64))]
-        # Initialise in groups of 64 modules to avoid holding n python modules at once.
-        params: dict[str, list[torch.Tensor]] = {}
-        done = 0
-        while done < self.n:
-            group = build if done == 0 else [make_teacher() for _ in range(min(64, self.n - done))]
-            group = group[: self.n - done]
-            p, _ = stack_module_state(group)
-            for k, v in p.items():
-                params.setdefault(k, []).append(v.detach())
-            done += len(group)
-        self.params = {k: torch.cat(v).to(device) for k, v in params.items()}
+        self.base = make_teacher().to("meta")  # architecture and hyper-parameters only
+        # initialisation only, independent of the data: a stream of its own on the target device
+        gen = None if torch.device(device).type == "meta" else torch.Generator(device=device)  # meta: shapes only
+        if gen is not None:
+            gen.manual_seed(int(seed))
+        self.params: dict[str, torch.Tensor] = {}
+        for name, p in self.base.named_parameters():
+            # allocated on the device and filled in place (torch's init functions need no temporaries)
+            full = torch.empty((self.n, *p.shape), device=device)
+            rule = _init_rule(self.base, name)
+            if rule == "trunc_normal":
+                nn.init.trunc_normal_(full, 0.0, 0.02, -0.04, 0.04, generator=gen)
+            elif rule == "normal":
+                full.normal_(0.0, 0.02, generator=gen)
+            else:
+                full.fill_(0.0 if rule == "zeros" else 1.0)
+            self.params[name] = full
         self.lr, self.betas, self.adam_t = float(lr), tuple(betas), 0
         self.use_stacked = True  # False forces the vmap path (benchmark / tests)
         self.m = {k: torch.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: torch.zeros_like(v) for k, v in self.params.items()}
+        self._steps: dict[int, list[torch.Tensor]] = {}
 
     # ---- functional forward -----------------------------------------------------------
     def _forward_one(self, p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -56,12 +85,12 @@ class TeacherEnsemble:
     def forward(self, p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, shared_input: bool) -> torch.Tensor:
         """Logits (n_chunk, b) of a chunk of teachers; x (b, ...) shared by all, or (n_chunk, b, ...) per teacher."""
         stacked = getattr(self.base, "stacked_forward", None) if self.use_stacked else None
-        if stacked is not None:  # the base lives on "meta": only its hyper-parameters (K, eps) are read
+        if stacked is not None:  # the base lives on "meta": only its hyper-parameters (K, norm, eps) are read
             return stacked(p, x, y, shared_input)
         dims = (0, None, None) if shared_input else (0, 0, 0)
         return vmap(self._forward_one, in_dims=dims)(p, x, y)
 
-    def _chunks(self):
+    def _chunks(self) -> Iterator[tuple[int, int]]:
         for a in range(0, self.n, self.chunk):
             yield a, min(a + self.chunk, self.n)
 
@@ -69,51 +98,75 @@ class TeacherEnsemble:
         return {k: (v[a:b].detach().requires_grad_(True) if grad else v[a:b]) for k, v in self.params.items()}
 
     # ---- training ---------------------------------------------------------------------
-    def train_step(self, x_real: torch.Tensor, y_real: torch.Tensor, w_real: torch.Tensor, x_fake: torch.Tensor,
-                   y_fake: torch.Tensor) -> float:
-        """One Adam step of every teacher: BCE(D_i(real_i), 1) + BCE(D_i(fake), 0) (Alg. 1 line 10).
+    def train_step(self, batch: "Callable[[int, int], TeacherBatch]") -> torch.Tensor:
+        """One Adam step of every teacher: BCE(D_i(real_i), 1) + BCE(D_i(fake_i), 0) (Alg. 1 line 10).
 
-        ``x_real`` (n, b, ...) holds teacher i's own batch (from its partition S_i); ``w_real`` (n, b)
-        masks rows (0 for a teacher with an empty partition). The fake batch is shared.
+        ``batch(a, b)`` gives teachers a..b-1's batch (built per chunk, so the n teachers' real and fake
+        images never exist at once): x_real (b-a, m, ...) from each teacher's own partition S_i, its
+        labels, w_real (b-a, m) masking rows (0 for a teacher with an empty partition), and the fakes,
+        per teacher x_fake (b-a, m', ...) with labels (b-a, m') (official: teacher i's fakes carry its
+        real batch's labels), or one batch (m', ...) shared by all.  See :meth:`fixed_batch`.
+        Returns the mean teacher loss as a device tensor (no host sync).
         """
         self.adam_t += 1
-        total = 0.0
+        total = None
         for a, b in self._chunks():
+            x_real, y_real, w, x_fake, y_fake = batch(a, b)
+            shared = x_fake.dim() == x_real.dim() - 1
             p = self._slice(a, b, grad=True)
-            lr_ = self.forward(p, x_real[a:b], y_real[a:b], shared_input=False)
-            lf = self.forward(p, x_fake, y_fake, shared_input=True)
-            w = w_real[a:b]
+            lr_ = self.forward(p, x_real, y_real, shared_input=False)
+            lf = self.forward(p, x_fake, y_fake, shared_input=shared)
             loss_r = (F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none") * w).sum(1) \
                 / w.sum(1).clamp_min(1.0)
             loss_f = F.binary_cross_entropy_with_logits(lf, torch.zeros_like(lf), reduction="none").mean(1)
             loss = loss_r + loss_f  # (n_chunk,): teacher i's loss depends on its own parameters only
             grads = torch.autograd.grad(loss.sum(), list(p.values()))
-            self._adam(a, b, dict(zip(p.keys(), grads)))
-            total += float(loss.detach().sum())
+            self._adam(a, b, list(grads))
+            total = loss.detach().sum() if total is None else total + loss.detach().sum()
         return total / self.n
 
+    @staticmethod
+    def fixed_batch(x_real: torch.Tensor, y_real: torch.Tensor, w_real: torch.Tensor, x_fake: torch.Tensor,
+                    y_fake: torch.Tensor) -> "Callable[[int, int], TeacherBatch]":
+        """A :meth:`train_step` batch from full tensors (x_real (n, m, ...); fakes per teacher or shared)."""
+        shared = x_fake.dim() == x_real.dim() - 1
+
+        def batch(a: int, b: int) -> TeacherBatch:
+            return (x_real[a:b], y_real[a:b], w_real[a:b], x_fake if shared else x_fake[a:b],
+                    y_fake if shared else y_fake[a:b])
+        return batch
+
     @torch.no_grad()
-    def _adam(self, a: int, b: int, grads: dict[str, torch.Tensor]) -> None:
-        b1, b2 = self.betas
-        c1, c2 = 1 - b1 ** self.adam_t, 1 - b2 ** self.adam_t
-        for k, g in grads.items():
-            m, v = self.m[k][a:b], self.v[k][a:b]
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            self.params[k][a:b].addcdiv_(m / c1, (v / c2).sqrt_().add_(1e-8), value=-self.lr)
+    def _adam(self, a: int, b: int, grads: list[torch.Tensor]) -> None:
+        """torch's own fused Adam on the slices of teachers a..b-1, written in place (one kernel per
+        parameter group, no host sync: the step counts live on the device, one set per chunk)."""
+        keys = list(self.params)
+        steps = self._steps.get(a)
+        if steps is None:
+            steps = self._steps[a] = [torch.zeros((), device=self.params[keys[0]].device) for _ in keys]
+        for s in steps:
+            s.fill_(self.adam_t - 1)  # adam() increments them to adam_t
+        # contiguous: torch 2.15's fused CPU Adam silently misreads non-contiguous gradients (e.g. the
+        # transposed weight gradients of a bmm), stepping the wrong elements
+        grads = [g.contiguous() for g in grads]
+        adam_update([self.params[k][a:b] for k in keys], grads, [self.m[k][a:b] for k in keys],
+                    [self.v[k][a:b] for k in keys], [], steps, fused=True, amsgrad=False, beta1=self.betas[0],
+                    beta2=self.betas[1], lr=self.lr, weight_decay=0.0, eps=1e-8, maximize=False)
 
     # ---- votes ------------------------------------------------------------------------
-    def input_grads_chunks(self, x: torch.Tensor, y: torch.Tensor):
+    def input_grads_chunks(self, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Yield (a, b, Δx) with Δx (b-a, m, ...) = -∂L_G/∂x of teachers a..b-1 for each fake x (Eq. 1).
 
-        L_G = Σ_j BCE(D_i(x_j), 1) (summed, so each sample gets its own gradient scale): the direction
-        in which teacher i thinks x_j becomes more realistic (official: -∂g_loss/∂fake).
+        L_G = mean_j BCE(D_i(x_j), 1), as the official ``img_grads = -∂g_loss/∂G`` with ``g_loss`` a
+        reduce_mean over the batch: the direction in which teacher i thinks x_j becomes more realistic,
+        at the official scale (which the clipping constant c is tuned to).
         """
+        m = x.shape[0]
         for a, b in self._chunks():
             p = self._slice(a, b, grad=False)
             xr = x.detach().unsqueeze(0).expand(b - a, *x.shape).clone().requires_grad_(True)
             logits = self.forward(p, xr, y.unsqueeze(0).expand(b - a, -1), shared_input=False)
-            loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="sum")
+            loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="sum") / m
             (g,) = torch.autograd.grad(loss, xr)
             yield a, b, -g
 
@@ -141,7 +194,13 @@ def assign_teachers(x: torch.Tensor | "object", n_teachers: int, seed: int) -> t
 
 
 class PartitionSampler:
-    """Draws, for every teacher at once, a batch of b records from its own partition (with replacement)."""
+    """Every teacher's batch of b records from its own partition, passing over the partition in order.
+
+    As the official code (``batch_idx = range(idx·b, (idx+1)·b)`` over each teacher's slice), batch t of
+    teacher i is records t·b .. t·b+b-1 of its partition, wrapping around (partition sizes differ by a
+    few records here, so each partition cycles on its own).  Teacher i's indices depend only on its
+    own partition (its records keep their dataset order), never on another teacher's.
+    """
 
     def __init__(self, owner: torch.Tensor, n_teachers: int, device: torch.device) -> None:
         order = torch.argsort(owner, stable=True)
@@ -150,15 +209,31 @@ class PartitionSampler:
         self.sizes = sizes.to(device)
         self.offsets = (torch.cumsum(sizes, 0) - sizes).to(device)
         self.n_empty = int((sizes == 0).sum())
+        self.position = 0  # batches drawn so far (host int: no device sync)
 
-    def sample(self, b: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(indices (n, b) into the training set, weights (n, b): 0 where the partition is empty)."""
+    def sample(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices (n, b) into the training set, -1 where the partition is empty; weights (n, b))."""
         n = len(self.sizes)
-        u = torch.rand(n, b, generator=generator, device=self.sizes.device)
-        local = (u * self.sizes[:, None].clamp_min(1)).long().clamp_max((self.sizes[:, None] - 1).clamp_min(0))
-        idx = self.order[(self.offsets[:, None] + local).clamp_max(len(self.order) - 1)]
-        w = (self.sizes[:, None] > 0).float().expand(n, b)
+        pos = self.position * b + torch.arange(b, device=self.sizes.device)
+        self.position += 1
+        size = self.sizes[:, None]
+        local = pos[None, :] % size.clamp_min(1)
+        idx = torch.where(size > 0, self.order[(self.offsets[:, None] + local).clamp_max(len(self.order) - 1)], -1)
+        w = (size > 0).to(torch.float32).expand(n, b)
         return idx, w
+
+    @staticmethod
+    def gather(values: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """values[idx] with zeros where idx is -1 (an empty partition reads no record at all)."""
+        out = values[idx.clamp_min(0)]
+        mask = (idx >= 0).view(*idx.shape, *([1] * (out.dim() - idx.dim())))
+        return torch.where(mask, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.position = int(d["position"])
 
 
 def balanced_chunk(n: int, requested: int | None) -> int:

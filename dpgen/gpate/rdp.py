@@ -27,9 +27,20 @@ PAPER_ORDERS = np.concatenate([[1.1], np.arange(2, 200, dtype=np.float64)])
 SQRT2 = math.sqrt(2.0)
 
 
-def query_noise_multipliers(sigma1: float, sigma2: float) -> list[float]:
-    """Ledger noise multipliers of ONE Confident-GNMax query: [threshold σ1/1, argmax σ2/√2]."""
-    return [float(sigma1), float(sigma2) / SQRT2]
+def query_noise_multipliers(sigma1: float | None, sigma2: float) -> list[float]:
+    """Ledger noise multipliers of ONE Confident-GNMax query: [threshold σ1/1, argmax σ2/√2].
+
+    ``sigma1`` None: no threshold check (plain GNMax), only the argmax is released.
+    """
+    argmax = float(sigma2) / SQRT2
+    return [argmax] if sigma1 is None else [float(sigma1), argmax]
+
+
+def data_independent_rdp(sigma1: float | None, sigma2: float, orders: np.ndarray = PAPER_ORDERS) -> np.ndarray:
+    """RDP of one query, λ/(2σ1²) + λ/σ2² (an upper bound on its data-dependent cost, Thm 6 takes the min)."""
+    orders = np.asarray(orders, dtype=np.float64)
+    out = orders / float(sigma2) ** 2
+    return out if sigma1 is None else out + orders / (2.0 * float(sigma1) ** 2)
 
 
 def _log1mexp(x: np.ndarray) -> np.ndarray:
@@ -98,21 +109,40 @@ def rdp_threshold(logpr: np.ndarray, sigma1: float, orders: np.ndarray) -> np.nd
     return rdp_gaussian(logq, SQRT2 * float(sigma1), orders)
 
 
-def data_dependent_rdp(counts: np.ndarray, answered: np.ndarray, threshold: float, sigma1: float, sigma2: float,
-                       orders: np.ndarray = PAPER_ORDERS) -> np.ndarray:
+def data_dependent_rdp(counts: np.ndarray, answered: np.ndarray, threshold: float | None, sigma1: float | None,
+                       sigma2: float, orders: np.ndarray = PAPER_ORDERS) -> np.ndarray:
     """Summed data-dependent RDP (over queries) of a batch of Confident-GNMax queries, shape (L,).
 
-    Per query: threshold cost + [answered]·argmax cost, as in the official ``gnmax_thresh_aggregator``.
+    Per query: threshold cost + [answered]·argmax cost, as in the official ``gnmax_thresh_aggregator``
+    (``threshold`` None: no threshold check, every query answered).  A noiseless query (σ = 0, the
+    ``eps=inf`` reference) has no finite cost: callers must not ask (ValueError).
     """
+    if not sigma2 > 0 or (threshold is not None and not (sigma1 or 0) > 0):
+        raise ValueError(f"data-dependent RDP needs positive noise, got sigma1={sigma1}, sigma2={sigma2}")
     counts = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    total = np.zeros(len(orders))
     if counts.shape[0] == 0:
-        return np.zeros(len(orders))
-    step1 = rdp_threshold(compute_logpr_answered(threshold, sigma1, counts.max(axis=1)), sigma1, orders)
-    total = step1.sum(axis=0)
+        return total
+    if threshold is not None:
+        total = rdp_threshold(compute_logpr_answered(threshold, sigma1, counts.max(axis=1)), sigma1, orders).sum(axis=0)
     answered = np.asarray(answered, dtype=bool)
     if answered.any():
         total = total + rdp_gaussian(compute_logq_gaussian(counts[answered], sigma2), sigma2, orders).sum(axis=0)
     return total
+
+
+def safe_iterations(rdp_cum: np.ndarray, per_iteration_bound: np.ndarray, delta: float, budget: float,
+                    orders: np.ndarray = PAPER_ORDERS) -> int:
+    """How many more iterations, each costing at most ``per_iteration_bound`` (RDP), certainly keep the
+    classic ε ≤ ``budget``: max over λ of ⌊(budget - log(1/δ)/(λ-1) - rdp_cum(λ)) / bound(λ)⌋ (≥ 0).
+
+    Lets training check the data-dependent ε only where it could cross the budget (no host sync per step).
+    """
+    slack = budget - math.log(1.0 / delta) / (np.asarray(orders) - 1.0) - np.asarray(rdp_cum)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.floor(slack / np.asarray(per_iteration_bound))
+    k = k[np.isfinite(k)]
+    return int(max(0.0, k.max())) if k.size else 0
 
 
 def classic_epsilon(rdp: np.ndarray, delta: float, orders: np.ndarray = PAPER_ORDERS) -> float:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from dpgen.core.generator import ReleasedGenerator
@@ -13,9 +15,10 @@ from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
 from dpgen.errors import DpgenError
 from dpgen.gpate import rdp
-from dpgen.gpate.aggregate import dp_grad_agg
+from dpgen.gpate.aggregate import dct_basis, dp_grad_agg
 from dpgen.gpate.ensemble import PartitionSampler, TeacherEnsemble, assign_teachers, balanced_chunk
-from dpgen.gpate.nets import GPateGenerator, GPateTabularGenerator, TeacherCNN, TeacherMLP, to_model_space
+from dpgen.gpate.nets import (SAMPLE_STATS, TEACHER_NORMS, GPateGenerator, GPateTabularGenerator, TeacherCNN,
+                              TeacherMLP, dcgan_init_, to_model_space)
 from dpgen.privacy import PrivacyLedger
 
 log = logging.getLogger("dpgen")
@@ -28,17 +31,28 @@ PAPER_NOTES = [
     "A data-dependent epsilon released without smooth sensitivity (PATE-2018 GNSS) is itself a function of the "
     "private data and is NOT a differential-privacy guarantee; sound_epsilon is the valid data-independent bound.",
 ]
+TEACHER_FAKES = ("official", "shared")
+PROJECTIONS = ("gaussian", "dct")
 
 
-def resolve_hparams(hp: DictConfig, eps: float, n_train: int) -> dict:
-    """Fill the ε-dependent defaults (null keys) with the official README's MNIST settings.
+def _choice(hp: DictConfig, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = str(hp.get(key, default))
+    if value not in allowed:
+        raise DpgenError(f"gpate.{key} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def resolve_hparams(hp: DictConfig, eps: float, n_train: int, shape: list[int] | None = None) -> dict:
+    """Fill the ε-dependent defaults (null keys) with the official README's MNIST settings; validate the rest.
 
     sigma1/sigma2 null with ``noise=calibrate``: left None here; :func:`calibrate_sigmas` then picks σ2
-    (σ1 = README ratio × σ2: 3 for ε ≤ 1, 6 otherwise) so that ``iters`` iterations meet ε exactly.
+    (σ1 = ``sigma_ratio`` × σ2; null: the README ratio, 3 for ε ≤ 1, 6 otherwise) so that ``iters``
+    iterations meet ε exactly.
 
     teachers: 4000 for ε ≤ 1, else 2000.  sigma1/sigma2: the README ratios to the teacher count
     (ε ≤ 1: 3000/1000 for 4000 teachers; ε > 1: 600/100 for 2000), scaled to ``teachers``.
     z_dim: 50 for ε ≤ 1, else 100.  batch: min(batch_size, N // teachers) (official behaviour).
+    thresh: T as a fraction of the teacher count; null: no threshold check (every query answered).
     """
     low = eps <= 1.0
     n_t = int(hp.teachers) if hp.teachers is not None else (4000 if low else 2000)
@@ -50,31 +64,71 @@ def resolve_hparams(hp: DictConfig, eps: float, n_train: int) -> dict:
     s2 = float(hp.sigma2) if hp.sigma2 is not None else (n_t * (0.25 if low else 0.05) if hp.noise == "readme" else None)
     if (s1 is None) != (s2 is None):
         raise DpgenError("set both gpate.sigma1 and gpate.sigma2, or neither")
+    ratio = hp.get("sigma_ratio")
+    ratio = (3.0 if low else 6.0) if ratio is None else float(ratio)
+    if not ratio > 0:
+        raise DpgenError(f"gpate.sigma_ratio must be > 0, got {ratio}")
     z_dim = int(hp.z_dim) if hp.z_dim is not None else (50 if low else 100)
     batch = min(int(hp.batch_size), n_train // n_t)
     if batch < 1:
         raise DpgenError(f"gpate.teachers={n_t} leaves fewer than one record per teacher (N={n_train}); use fewer teachers")
-    for key in ("step_size", "thresh"):
-        if not float(hp[key]) > 0:
-            raise DpgenError(f"gpate.{key} must be > 0, got {hp[key]}")
+    if not float(hp.step_size) > 0:
+        raise DpgenError(f"gpate.step_size must be > 0, got {hp.step_size}")
+    thresh = hp.thresh
+    if thresh is not None and not float(thresh) >= 0:
+        raise DpgenError(f"gpate.thresh must be >= 0 or null (no threshold check), got {thresh}")
     if int(hp.bins) < 2 or int(hp.proj_dim) < 1:
         raise DpgenError(f"gpate.bins must be >= 2 and gpate.proj_dim >= 1, got {hp.bins}, {hp.proj_dim}")
     if s1 is not None and (s1 <= 0 or s2 <= 0):
         raise DpgenError(f"gpate.sigma1 and gpate.sigma2 must be > 0, got {s1}, {s2}")
-    return {"teachers": n_t, "sigma1": s1, "sigma2": s2, "z_dim": z_dim, "batch": batch,
-            "threshold": float(hp.thresh) * n_t, "k": int(hp.proj_dim), "bins": int(hp.bins), "c": float(hp.step_size)}
+    work_size = hp.get("work_size")
+    if work_size is not None and (shape is None or len(shape) != 3 or not 4 <= int(work_size) <= shape[1]):
+        raise DpgenError(f"gpate.work_size must be null or an image size in [4, {shape[1] if shape else '?'}] "
+                         f"(image data only), got {work_size}")
+    cfg = {"teachers": n_t, "sigma1": s1, "sigma2": s2, "sigma_ratio": ratio, "z_dim": z_dim, "batch": batch,
+           "threshold": None if thresh is None else float(thresh) * n_t, "k": int(hp.proj_dim),
+           "bins": int(hp.bins), "c": float(hp.step_size),
+           "teacher_norm": _choice(hp, "teacher_norm", TEACHER_NORMS, "batch"),
+           "teacher_fakes": _choice(hp, "teacher_fakes", TEACHER_FAKES, "official"),
+           "g_sample_stats": _choice(hp, "g_sample_stats", SAMPLE_STATS, "batch"),
+           "projection": _choice(hp, "projection", PROJECTIONS, "gaussian"),
+           "work_size": None if work_size is None else int(work_size)}
+    d = math.prod([shape[0], cfg["work_size"], cfg["work_size"]] if cfg["work_size"] else (shape or [1]))
+    n_basis = hp.get("proj_basis")
+    if cfg["projection"] == "dct":
+        if shape is None or len(shape) != 3:
+            raise DpgenError("gpate.projection=dct needs image data")
+        n_basis = cfg["k"] if n_basis is None else int(n_basis)
+        if not cfg["k"] <= n_basis <= d:
+            raise DpgenError(f"gpate.proj_basis must be in [proj_dim={cfg['k']}, {d}], got {n_basis}")
+    cfg["proj_basis"] = n_basis
+    return cfg
 
 
-def calibrate_sigmas(ledger: PrivacyLedger, eps_low: bool, queries: int) -> tuple[float, float]:
-    """σ1, σ2 so that ``queries`` Confident-GNMax queries (plus earlier entries) meet the target ε."""
+def query_noise(cfg: dict) -> list[float]:
+    """The ledger noise multipliers of one query under ``cfg`` (no threshold check: the argmax only)."""
+    return rdp.query_noise_multipliers(None if cfg["threshold"] is None else cfg["sigma1"], cfg["sigma2"])
+
+
+def calibrate_sigmas(ledger: PrivacyLedger, ratio: float, queries: int, threshold: bool = True) -> tuple[float, float]:
+    """σ1, σ2 (σ1 = ``ratio``·σ2) so that ``queries`` Confident-GNMax queries (plus earlier entries) meet the
+    target ε; ``threshold`` False: GNMax without a threshold check (σ1 is then unused, returned as ratio·σ2)."""
     from dpgen.privacy import LedgerEntry, calibrate_noise_multiplier
 
-    ratio = 3.0 if eps_low else 6.0
     # z = σ2/√2 is the argmax noise multiplier; the threshold's is σ1/1 = ratio·σ2 = ratio·√2·z.
-    z = calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta,
-                                   lambda z: [LedgerEntry(ENTRY, [ratio * rdp.SQRT2 * z, z], count=queries)],
-                                   base=ledger.entries, accountant=ledger.accountant, hi=1e6)
+    z = calibrate_noise_multiplier(
+        ledger.target_epsilon, ledger.delta,
+        lambda z: [LedgerEntry(ENTRY, [ratio * rdp.SQRT2 * z, z] if threshold else [z], count=queries)],
+        base=ledger.entries, accountant=ledger.accountant, hi=1e6)
     return ratio * rdp.SQRT2 * z, rdp.SQRT2 * z
+
+
+def laplace_noise(n: int, scale: float, generator: torch.Generator) -> torch.Tensor:
+    """n draws of Laplace(0, ``scale``) (float64, on the generator's device), by inverse CDF so that they come
+    from the run's seeded generator."""
+    dev = generator.device
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev).clamp(1e-12, 1 - 1e-12)
+    return torch.distributions.Laplace(torch.zeros((), dtype=torch.float64, device=dev), scale).icdf(u)
 
 
 def private_class_prior(y: np.ndarray, num_classes: int, eps_prior: float, ledger: PrivacyLedger,
@@ -84,14 +138,12 @@ def private_class_prior(y: np.ndarray, num_classes: int, eps_prior: float, ledge
     A record changes one class count by 1 (add/remove-one): L1 sensitivity 1, scale b = 1/ε,
     recorded as a Laplace entry with noise multiplier b/1.
     """
-    counts = torch.bincount(torch.as_tensor(y), minlength=num_classes).double()
+    counts = torch.bincount(torch.as_tensor(y, device=generator.device), minlength=num_classes).double()
     b = 1.0 / eps_prior
-    lap = torch.distributions.Laplace(0.0, b)
-    u = torch.rand(num_classes, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
-    noise = lap.icdf(u)  # inverse-CDF so the draw uses the run's seeded generator
+    noise = laplace_noise(num_classes, b, generator)
     ledger.record(PRIOR_ENTRY, [b], mechanism="laplace")
     noisy = (counts + noise).clamp_min(1.0)
-    return (noisy / noisy.sum()).tolist()
+    return (noisy / noisy.sum()).tolist()  # once, before training
 
 
 def _laplace_eps(entries) -> float:
@@ -99,12 +151,74 @@ def _laplace_eps(entries) -> float:
     return sum(e.count / e.noise_multipliers[0] for e in entries if e.mechanism == "laplace")
 
 
+class PaperAccountant:
+    """G-PATE's data-dependent RDP (``privacy.accounting=paper``) and its stopping rule, without a host sync
+    per step.
+
+    The official code adds every query's data-dependent RDP and stops before the iteration whose cost
+    would push the classic ε past the target.  Each query costs at most its data-INDEPENDENT RDP, so after
+    every exact evaluation :func:`rdp.safe_iterations` says how many iterations certainly stay within
+    budget; their vote counts wait on the device and are added (in order, one iteration at a time, so the
+    sums do not depend on when they are read) at the next log/checkpoint.  Only iterations that could
+    cross the budget are checked exactly, one by one, as the official code does.
+    """
+
+    def __init__(self, ledger: PrivacyLedger, cfg: dict, queries_per_iter: int, rdp_cum: np.ndarray) -> None:
+        self.ledger, self.cfg = ledger, cfg
+        self.rdp_cum = rdp_cum
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        thr = cfg["threshold"] is not None
+        self.bound = queries_per_iter * rdp.data_independent_rdp(cfg["sigma1"] if thr else None, cfg["sigma2"])
+        self.safe = 0
+        ledger.paper_epsilon = lambda entries, delta: rdp.classic_epsilon(self.rdp_cum, delta) + _laplace_eps(entries)
+        for note in PAPER_NOTES:
+            if note not in ledger.notes:
+                ledger.notes.append(note)
+
+    def _rdp(self, counts: np.ndarray, answered: np.ndarray) -> np.ndarray:
+        c = self.cfg
+        return rdp.data_dependent_rdp(counts, answered, c["threshold"],
+                                      c["sigma1"] if c["threshold"] is not None else None, c["sigma2"])
+
+    def flush(self) -> None:
+        """Add the waiting iterations' costs, one iteration at a time (one host transfer for all of them:
+        only at log/checkpoint time and near the budget)."""
+        if self.pending:
+            counts = torch.stack([c for c, _ in self.pending]).cpu().numpy()
+            answered = torch.stack([a for _, a in self.pending]).cpu().numpy()
+            for i in range(len(self.pending)):
+                self.rdp_cum += self._rdp(counts[i], answered[i])  # in place: the paper_epsilon closure reads it
+            self.pending.clear()
+        self._update_safe()
+
+    def _budget(self) -> float:
+        return float(self.ledger.target_epsilon) - _laplace_eps(self.ledger.entries)
+
+    def _update_safe(self) -> None:
+        self.safe = rdp.safe_iterations(self.rdp_cum, self.bound, self.ledger.delta, self._budget())
+
+    def admit(self, counts: torch.Tensor, answered: torch.Tensor) -> bool:
+        """Charge one iteration's queries; False (nothing charged) if its data-dependent ε would exceed the target."""
+        if self.safe > 0:
+            self.safe -= 1
+            self.pending.append((counts, answered))
+            return True
+        self.flush()
+        rdp_it = self._rdp(counts.cpu().numpy(), answered.cpu().numpy())
+        if rdp.classic_epsilon(self.rdp_cum + rdp_it, self.ledger.delta) > self._budget():
+            return False
+        self.rdp_cum += rdp_it
+        self._update_safe()
+        return True
+
+
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ReleasedGenerator:
     """Alg. 1: teachers trained non-privately; G trained only from DPGradAgg's noisy answers."""
     dev = run.device
     n_train, k_cls, shape = len(data.train), data.num_classes, list(data.shape)
-    cfg = resolve_hparams(hp, float(ledger.target_epsilon), n_train)
+    cfg = resolve_hparams(hp, float(ledger.target_epsilon), n_train, None if data.tabular else shape)
     n_t, m, k = cfg["teachers"], cfg["batch"], cfg["k"]
+    work_shape = [shape[0], cfg["work_size"], cfg["work_size"]] if cfg["work_size"] else shape
     queries_per_iter = m * k
     gens = {"sample": run.torch_generator(1), "fake": run.torch_generator(2), "proj": run.torch_generator(3),
             "noise": run.torch_generator(4)}
@@ -115,6 +229,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         x_all = to_model_space(torch.as_tensor(data.train.x, dtype=torch.float32)).to(dev)
     else:
         x_all = to_float(data.train.x).to(dev)
+        if work_shape != shape:  # a fixed per-record downsampling (research option gpate.work_size)
+            x_all = F.interpolate(x_all, size=tuple(work_shape[1:]), mode="area")
     y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
     prior = state["prior"] if state else None
     if prior is None and bool(hp.dp_class_prior) and not state:
@@ -124,10 +240,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     if state:
         cfg["sigma1"], cfg["sigma2"] = state["cfg"]["sigma1"], state["cfg"]["sigma2"]
+    elif ledger.privacy_off:  # eps=inf: the privacy-off reference has no noise whatever gpate.noise says
+        cfg["sigma1"], cfg["sigma2"] = 0.0, 0.0
     elif cfg["sigma1"] is None:
-        cfg["sigma1"], cfg["sigma2"] = calibrate_sigmas(ledger, float(ledger.target_epsilon) <= 1.0,
-                                                        int(hp.iters) * queries_per_iter)
-    nm = rdp.query_noise_multipliers(cfg["sigma1"], cfg["sigma2"])
+        cfg["sigma1"], cfg["sigma2"] = calibrate_sigmas(ledger, cfg["sigma_ratio"], int(hp.iters) * queries_per_iter,
+                                                        threshold=cfg["threshold"] is not None)
+    nm = query_noise(cfg)
 
     # --- networks ----------------------------------------------------------------------------
     if data.tabular:
@@ -136,22 +254,22 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         make_teacher = lambda: TeacherMLP(k_cls, shape, hidden=int(hp.t_hidden))  # noqa: E731
     else:
         g_net = GPateGenerator(k_cls, shape, z_dim=cfg["z_dim"], gf_dim=int(hp.gf_dim), gfc_dim=int(hp.gfc_dim),
-                               class_prior=prior)
-        make_teacher = lambda: TeacherCNN(k_cls, shape, df_dim=int(hp.df_dim), dfc_dim=int(hp.dfc_dim))  # noqa: E731
-    g_net = g_net.to(dev)
+                               class_prior=prior, sample_stats=cfg["g_sample_stats"], sample_group=m,
+                               work_size=cfg["work_size"])
+        make_teacher = lambda: TeacherCNN(k_cls, work_shape, df_dim=int(hp.df_dim), dfc_dim=int(hp.dfc_dim),  # noqa: E731
+                                          norm=cfg["teacher_norm"])
+    g_net = dcgan_init_(g_net).to(dev)  # official initialisation (resumed runs load their weights below)
     ens = TeacherEnsemble(make_teacher, n_t, dev, chunk=balanced_chunk(n_t, hp.chunk), lr=float(hp.lr),
                           betas=tuple(hp.betas), seed=run.seed)
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr), betas=tuple(hp.betas))
     prior_t = torch.tensor(prior, device=dev) if prior is not None else None
+    basis = dct_basis(tuple(work_shape), cfg["proj_basis"], dev) if cfg["projection"] == "dct" else None
 
     # --- privacy plan ----------------------------------------------------------------------------
     paper = ledger.accounting == "paper"
     rdp_cum = np.array(state["rdp_cum"]) if state else np.zeros(len(rdp.PAPER_ORDERS))
-    if paper:
-        ledger.paper_epsilon = lambda entries, delta: rdp.classic_epsilon(rdp_cum, delta) + _laplace_eps(entries)
-        for note in PAPER_NOTES:
-            if note not in ledger.notes:
-                ledger.notes.append(note)
+    # eps=inf: no data-dependent analysis of noiseless answers (its epsilon is infinite; report_epsilon says so)
+    paper_acct = PaperAccountant(ledger, cfg, queries_per_iter, rdp_cum) if paper and not ledger.privacy_off else None
     iters = int(hp.iters)
     guard = None if paper else ledger.budget_guard(ENTRY, nm)
     if guard is not None:
@@ -160,65 +278,95 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             raise DpgenError(
                 f"epsilon={ledger.target_epsilon} allows {guard.remaining} Confident-GNMax queries, fewer than one "
                 f"iteration's {queries_per_iter} (batch {m} x proj_dim {k}); raise gpate.sigma1/sigma2 or eps")
-    log.info("gpate: %d teachers (%d params, %d empty), batch %d, k=%d, B=%d, c=%g, sigma1=%g sigma2=%g T=%g; "
-             "%d queries/iteration, %d iterations planned (%s accounting)", n_t, ens.num_params, sampler.n_empty, m,
-             k, cfg["bins"], cfg["c"], cfg["sigma1"], cfg["sigma2"], cfg["threshold"], queries_per_iter, iters,
+    log.info("gpate: %d teachers (%d params, %d empty, norm %s, fakes %s), batch %d, k=%d (%s projection), B=%d, "
+             "c=%g, sigma1=%g sigma2=%g T=%s; %d queries/iteration, %d iterations planned (%s accounting)", n_t,
+             ens.num_params, sampler.n_empty, cfg["teacher_norm"], cfg["teacher_fakes"], m, k, cfg["projection"],
+             cfg["bins"], cfg["c"], cfg["sigma1"], cfg["sigma2"], cfg["threshold"], queries_per_iter, iters,
              ledger.accounting)
 
-    def fake_batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw_z() -> torch.Tensor:
+        return torch.rand(m, cfg["z_dim"], generator=gens["fake"], device=dev) * 2 - 1
+
+    def draw_labels() -> torch.Tensor:
         if prior_t is None:
-            y = torch.randint(0, k_cls, (b,), generator=gens["fake"], device=dev)
-        else:
-            y = torch.multinomial(prior_t, b, replacement=True, generator=gens["fake"])
-        z = torch.rand(b, cfg["z_dim"], generator=gens["fake"], device=dev) * 2 - 1
-        return z, y
+            return torch.randint(0, k_cls, (m,), generator=gens["fake"], device=dev)
+        return torch.multinomial(prior_t, m, replacement=True, generator=gens["fake"])
 
-    def teacher_step() -> float:
-        """Alg. 1 lines 9–10 for all teachers at once (non-private: teachers are never released)."""
-        idx, w = sampler.sample(m, gens["sample"])
+    def teacher_step(z: torch.Tensor, shared_fake: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Alg. 1 lines 9–10 for all teachers at once (non-private: teachers are never released).
+
+        Official fakes: teacher i's fakes are G(z, its real batch's labels) with the iteration's z, G's batch
+        statistics over that teacher's batch, and nothing written to G (labels are private).
+        """
+        idx, w = sampler.sample(m)
+
+        def batch(a: int, b: int):
+            i = idx[a:b]
+            xr, yr = PartitionSampler.gather(x_all, i), PartitionSampler.gather(y_all, i)
+            if shared_fake is not None:
+                return xr, yr, w[a:b], *shared_fake
+            with torch.no_grad():
+                zz = z.unsqueeze(0).expand(b - a, -1, -1).reshape((b - a) * m, -1)
+                xf = g_net(zz, yr.reshape(-1), group=m)
+            return xr, yr, w[a:b], xf.view(b - a, m, *xf.shape[1:]), yr
+
+        return ens.train_step(batch)
+
+    def shared_fakes() -> tuple[torch.Tensor, torch.Tensor] | None:
+        if cfg["teacher_fakes"] != "shared":
+            return None
         with torch.no_grad():
-            z, y = fake_batch(m)
-            xf = g_net(z, y)
-        return ens.train_step(x_all[idx], y_all[idx], w, xf, y)
+            y = draw_labels()
+            return g_net(draw_z(), y), y
 
-    agreement: list[float] = list(state["agreement"]) if state else []
+    agreement = torch.zeros((), device=dev)  # running sum over iterations (read once, at the end)
+    n_agree = int(state["n_agree"]) if state else 0
     if state:
         g_net.load_state_dict(state["g"])
         opt_g.load_state_dict(state["opt_g"])
         ens.load_state_dict(state["teachers"])
+        sampler.load_state_dict(state["sampler"])
+        agreement += float(state["agreement_sum"])
         run.restore_generators(gens)
     else:
         for _ in range(int(hp.teacher_warmup)):
-            teacher_step()
+            teacher_step(draw_z(), shared_fakes())
 
     def snapshot() -> dict:
+        if paper_acct is not None:
+            paper_acct.flush()
         return {"g": g_net.state_dict(), "opt_g": opt_g.state_dict(), "teachers": ens.state_dict(),
-                "rdp_cum": rdp_cum.tolist(), "agreement": agreement, "prior": prior, "cfg": cfg}
+                "sampler": sampler.state_dict(), "rdp_cum": rdp_cum.tolist(), "agreement_sum": float(agreement),
+                "n_agree": n_agree, "prior": prior, "cfg": cfg}
 
     run.start(iters, desc=f"gpate eps<={ledger.target_epsilon:g}")
     it = run.start_step
     while it < iters:
-        loss_t = 0.0
+        z, y = draw_z(), draw_labels()
+        if cfg["teacher_fakes"] == "shared":  # G(z, y) once: the teachers' fake batch and G's step
+            x = g_net(z, y, update_stats=True)
+            fake = (x.detach(), y)
+        else:
+            fake = None
+        loss_t = torch.zeros((), device=dev)
         for _ in range(int(hp.d_steps)):
-            loss_t = teacher_step()
-        z, y = fake_batch(m)
-        x = g_net(z, y)
+            loss_t = teacher_step(z, fake)
+        if fake is None:
+            x = g_net(z, y, update_stats=True)
         xd = x.detach()
         dx, side = dp_grad_agg(ens.input_grads_chunks(xd, y), tuple(xd.shape[1:]), cfg["c"], cfg["bins"], k,
-                               cfg["sigma1"], cfg["sigma2"], cfg["threshold"], gens["proj"], gens["noise"], m, dev)
+                               cfg["sigma1"], cfg["sigma2"], cfg["threshold"], gens["proj"], gens["noise"], m, dev,
+                               basis=basis)
         if guard is None:  # paper: the sound entry is still recorded, sound_epsilon reports it
             ledger.record(ENTRY, nm, count=queries_per_iter)
         else:
             for _ in range(queries_per_iter):  # one threshold check + one argmax per (sample, dimension)
                 guard.step()
-        rdp_it = rdp.data_dependent_rdp(side["counts"].numpy(), side["answered"].numpy(), cfg["threshold"],
-                                        cfg["sigma1"], cfg["sigma2"])
-        if paper and rdp.classic_epsilon(rdp_cum + rdp_it, ledger.delta) + _laplace_eps(ledger.entries) \
-                > float(ledger.target_epsilon):
+        if paper_acct is not None and not paper_acct.admit(side["counts"], side["answered"]):
             log.info("paper (data-dependent) epsilon would exceed the target: stopping at iteration %d", it)
             break
-        rdp_cum += rdp_it  # in place: the paper_epsilon closure reads this array
-        agreement.append(side["agreement"])
+        agreement += side["agreement"]
+        n_agree += 1
         # Alg. 1 lines 15–17: fit G to x + Δx_priv (Eq. 2; post-processing of the noisy answers).
         target = (xd + dx).detach()
         loss_g = ((x - target) ** 2).flatten(1).sum(1).mean()
@@ -226,11 +374,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         loss_g.backward()
         opt_g.step()
         it += 1
-        run.step_done(it, {"loss_g": loss_g.item(), "loss_t": loss_t, "agreement": side["agreement"],
+        if paper_acct is not None and it % run.log_every == 0:
+            paper_acct.flush()  # the logged epsilon reads every iteration so far
+        run.step_done(it, {"loss_g": loss_g.detach(), "loss_t": loss_t, "agreement": side["agreement"],
                            "answer_rate": side["answer_rate"]}, snapshot, gens)
-    if agreement:
-        log.info("teachers' agreement on the top voted bin: %.4f (mean over %d iterations)", float(np.mean(agreement)),
-                 len(agreement))
-        run.extra_metrics["teacher_agreement"] = float(np.mean(agreement))
+    if n_agree:
+        mean_agreement = float(agreement) / n_agree
+        log.info("teachers' agreement on the top voted bin: %.4f (mean over %d iterations)", mean_agreement, n_agree)
+        run.extra_metrics["teacher_agreement"] = mean_agreement
     run.finish(it, snapshot(), gens)
     return g_net.eval()

@@ -99,7 +99,7 @@ def parse_epsilon(eps: Any, key: str = "eps") -> float:
     private (:attr:`PrivacyLedger.privacy_off`).
     """
     if isinstance(eps, bool):
-        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+        raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}")
     if isinstance(eps, str):
         text = eps.strip().lower()
         if text in _INF_SPELLINGS:
@@ -107,14 +107,14 @@ def parse_epsilon(eps: Any, key: str = "eps") -> float:
         try:
             e = float(text)
         except ValueError:
-            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+            raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}") from None
     else:
         try:
             e = float(eps)
         except (TypeError, ValueError):
-            raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}") from None
+            raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}") from None
     if math.isnan(e) or e <= 0.0:
-        raise DpgenError(f"{key} must be a positive number or inf, got {eps!r}")
+        raise DpgenError(f"{key} (target epsilon) must be a positive number or inf, got {eps!r}")
     return e
 
 
@@ -582,23 +582,46 @@ class PrivacyLedger:
         }
 
     def load_state_dict(self, d: dict) -> None:
-        """Restore a :meth:`state_dict` (replaces entries, notes and settings)."""
+        """Restore a :meth:`state_dict` (replaces entries, notes and settings).
+
+        ``d`` may come from a shared checkpoint: everything is checked (types, choices, ranges, at most
+        100000 entries and 1000 notes) before anything is replaced, and any problem is a one-line DpgenError.
+        """
         if not isinstance(d, dict) or "entries" not in d or "delta" not in d:
             raise DpgenError("corrupt privacy ledger in checkpoint (missing 'entries'/'delta'); delete the checkpoint or restore it")
         if d.get("version", _STATE_VERSION) != _STATE_VERSION:
-            raise DpgenError(f"privacy ledger state version {d.get('version')} is not supported (expected {_STATE_VERSION})")
+            raise DpgenError(f"privacy ledger state version {str(d.get('version'))[:20]} is not supported (expected {_STATE_VERSION})")
         delta = _check_ledger_delta(d["delta"])
         target = d.get("target_epsilon")
         if target is not None:
+            if isinstance(target, (bool, str)):
+                raise DpgenError(f"corrupt privacy ledger: target_epsilon must be a number, got {target!r:.40}")
             check_epsilon(target, allow_inf=True)
             target = float(target)
-        accountant = _check_choice("privacy accountant", d.get("accountant", "rdp"), _ACCOUNTANTS)
-        accounting = _check_choice("privacy accounting", d.get("accounting", "sound"), _ACCOUNTINGS)
-        entries = [LedgerEntry.from_dict(e) for e in d["entries"]]
-        notes = [str(n) for n in d.get("notes", [])]
+        accountant, accounting = d.get("accountant", "rdp"), d.get("accounting", "sound")
+        if not isinstance(accountant, str) or not isinstance(accounting, str):
+            raise DpgenError("corrupt privacy ledger: accountant and accounting must be strings")
+        _check_choice("privacy accountant", accountant, _ACCOUNTANTS)
+        _check_choice("privacy accounting", accounting, _ACCOUNTINGS)
+        raw_entries, raw_notes = d["entries"], d.get("notes", [])
+        if not isinstance(raw_entries, list) or len(raw_entries) > 100_000:
+            raise DpgenError("corrupt privacy ledger: entries must be a list of at most 100000 entries")
+        if not isinstance(raw_notes, list) or len(raw_notes) > 1000 or not all(isinstance(n, str) for n in raw_notes):
+            raise DpgenError("corrupt privacy ledger: notes must be a list of at most 1000 strings")
+        entries = []
+        for e in raw_entries:
+            if isinstance(e, dict):
+                bad = [k for k in ("name", "sampling", "mechanism") if k in e and not isinstance(e[k], str)]
+                zs = e.get("noise_multipliers")
+                if bad or not isinstance(zs, (list, int, float)) or isinstance(zs, bool) or \
+                        (isinstance(zs, list) and (len(zs) > 1000 or any(isinstance(z, (bool, str)) for z in zs))) or \
+                        isinstance(e.get("count", 1), (bool, float, str)) or not 1 <= e.get("count", 1) <= 10**15 or \
+                        isinstance(e.get("sampling_rate", 1.0), (bool, str)):
+                    raise DpgenError(f"corrupt privacy ledger entry {str(e.get('name'))[:40]!r}: bad types or sizes")
+            entries.append(LedgerEntry.from_dict(e))
         self.delta, self.target_epsilon = delta, target
         self.accountant, self.accounting = accountant, accounting
-        self.entries, self.notes = entries, notes
+        self.entries, self.notes = entries, list(raw_notes)
         self._version += 1
 
     def to_json(self) -> dict:
@@ -620,11 +643,16 @@ class PrivacyLedger:
 
     @classmethod
     def from_json(cls, d: dict) -> "PrivacyLedger":
-        """Rebuild a ledger from ``privacy.json`` (to recompute or re-convert its sound ε)."""
-        ledger = cls(delta=d["delta"], target_epsilon=d.get("target_epsilon"), accountant=d.get("accountant", "rdp"),
-                     accounting=d.get("accounting", "sound"))
-        ledger.entries = [LedgerEntry.from_dict(e) for e in d["entries"]]
-        ledger.notes = [str(n) for n in d.get("notes", [])]
+        """Rebuild a ledger from ``privacy.json`` (to recompute or re-convert its sound ε).
+
+        ``privacy.json`` may come from a shared run directory: it is checked exactly like a checkpoint's
+        ledger (:meth:`load_state_dict`), so a damaged or crafted file is a one-line DpgenError.
+        """
+        if not isinstance(d, dict):
+            raise DpgenError(f"privacy.json must hold an object, got {type(d).__name__}")
+        ledger = cls(delta=0.5)
+        ledger.load_state_dict({k: d[k] for k in ("delta", "target_epsilon", "accountant", "accounting", "entries", "notes")
+                                if k in d})
         return ledger
 
     def __repr__(self) -> str:

@@ -1,0 +1,56 @@
+"""``dpac:`` block (configs/method/dpac.yaml and gswgan.yaml): GS-WGAN and DP-GAN-DPAC; the shared
+GS-WGAN part is :class:`EnsembleHparams` (efsgd builds on it too)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from dpgen.core.checks import CheckContext, check_batch_le_n, check_betas, check_max_image_size, nested, spec
+
+
+@dataclass
+class ClassifierHparams:
+    """DPAC's auxiliary classifier C."""
+
+    enabled: bool = spec()
+    start: int = spec(ge=0)                     # t_c
+    n_fake: int = spec(ge=0)
+    n_real: int = spec(ge=0)
+    fake_batch: int = spec(ge=1)
+    reinit: bool = spec()
+    order: str = spec(choices=("sequential", "parallel"))
+
+
+@dataclass
+class EnsembleHparams:
+    """K discriminators on disjoint partitions and the sanitised generator (GS-WGAN)."""
+
+    num_discriminators: int = spec(ge=1)        # K (<= N)
+    iters: int = spec(ge=1)
+    batch_size: int = spec(ge=1)
+    critic_iters: int = spec(ge=1)
+    pretrain_iters: int = spec(ge=0)
+    pretrain_chunk: int = spec(ge=1)
+    gp_weight: float = spec(ge=0.0)
+    drift: float = spec(ge=0.0)
+    lr: float = spec(gt=0.0)
+    g_lr: Optional[float] = spec(gt=0.0)
+    betas: List[float] = spec(length=2)
+    ema: float = spec(ge=0.0, lt=1.0)
+    z_dim: int = spec(ge=1)
+    g_width: int = spec(ge=1)
+    d_width: int = spec(ge=1)
+    clip: float = spec(gt=0.0)
+    noise_multiplier: Optional[float] = spec(gt=0.0)
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        check_max_image_size(ctx, 32, str(ctx.cfg.method.name))
+        check_betas(node, key)
+        check_batch_le_n(node, key, ctx, "num_discriminators")
+
+
+@dataclass
+class DpacHparams(EnsembleHparams):
+    beta: float = spec(ge=0.0, le=1.0)          # weight of D in G's loss (1: GS-WGAN)
+    classifier: ClassifierHparams = nested(ClassifierHparams)

@@ -1,0 +1,42 @@
+"""``efsgd:`` block (configs/method/efsgd.yaml): the GS-WGAN keys plus error feedback, noise injection and
+the reconstruction encoder."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpgen.core.checks import CheckContext, bad, nested, spec
+from dpgen.core.hparams.dpac import ClassifierHparams, EnsembleHparams
+from dpgen.errors import DpgenError
+
+
+@dataclass
+class EncoderHparams:
+    width: int = spec(ge=1)
+    steps: int = spec(ge=0)
+    kl_weight: float = spec(ge=0.0)
+    code: str = spec(choices=("private", "raw"))  # raw: the paper's leaky version, privacy.accounting=paper only
+    code_clip: float = spec(gt=0.0)
+
+
+@dataclass
+class EfsgdHparams(EnsembleHparams):
+    error_feedback: bool = spec()
+    C2: float = spec(gt=0.0)                    # error clip, >= clip (C1)
+    noise_injection: bool = spec()
+    sigma_noise: float = spec(ge=0.0)
+    recon: bool = spec()
+    gamma_recon: float = spec(ge=0.0)
+    lambda_c: float = spec(ge=0.0)
+    encoder: EncoderHparams = nested(EncoderHparams)
+    classifier: ClassifierHparams = nested(ClassifierHparams)
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        EnsembleHparams.cross_check(node, key, ctx)
+        if float(node.C2) < float(node.clip):
+            raise bad(f"{key}.C2", node.C2, f"a number >= {key}.clip={node.clip} (DiceSGD needs C2 >= C1)")
+        recon = bool(node.recon) and float(node.gamma_recon) > 0
+        if recon and node.encoder.code == "raw" and ctx.cfg.privacy.accounting == "sound":
+            raise DpgenError(f"{key}.encoder.code=raw leaks the encoder input through G's Jacobian; "
+                             f"use privacy.accounting=paper or {key}.encoder.code=private")

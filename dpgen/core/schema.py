@@ -1,0 +1,338 @@
+"""The schema of ``configs/``: Hydra structured configs (types, checked at composition) and value checks
+(ranges, choices, cross-field rules, checked by :func:`check_config` before anything is created).
+
+``configs/train.yaml`` starts its defaults list with ``train_schema`` (:class:`TrainSchema`, registered in
+Hydra's ConfigStore by :func:`register_schemas`), so every composed config, every override and every sweep
+value is typed: ``dpgan.lr_d=abc`` fails while composing. Each group has one schema dataclass:
+
+=================  ==========================================================
+top level / train  :class:`TrainSchema` (eps, delta, seed, device, data_root, ...)
+``privacy``        :class:`PrivacySchema`
+``dataset``        :class:`DatasetSchema`
+``eval``           :data:`EvalSchema` (generated from :class:`dpgen.eval.config.EvalConfig`)
+``method``         :class:`MethodSchema` (name/module/hparams must match :data:`dpgen.core.methods.METHODS`)
+hyperparameters    one module per block in :mod:`dpgen.core.hparams` (``dpgan``, ``dpac`` for dpac and
+                   gswgan, ``efsgd``, ``gpate``, ``dpaf``, ``feta`` for feta and dpdm)
+=================  ==========================================================
+
+A field's allowed values are declared next to its type with :func:`dpgen.core.checks.spec` (``ge``, ``gt``, ``le``, ``lt``,
+``choices``, ``length``); rules that involve several keys, the data or the method live in the schema
+class's ``cross_check(node, key, ctx)``. Errors name the key the user types (``delta``, ``dpgan.clip``),
+the value and what is allowed, on one line.
+
+A new hyperparameter key is declared in its block's schema (e.g. :class:`dpgen.core.hparams.gpate.GpateHparams`)
+and given its value in ``configs/method/<m>.yaml``; a key in the yaml that the schema lacks is a one-line
+"unknown key" error naming the schema file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig
+
+from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
+                               spec)
+from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
+from dpgen.errors import DpgenError
+
+
+# ---- the groups -----------------------------------------------------------------------------------
+
+@dataclass
+class PrivacySchema:
+    accounting: str = spec(choices=("sound", "paper"))   # sound: a valid (eps, delta) bound; paper: the paper's own analysis
+    accountant: str = spec(choices=("rdp", "pld"))
+
+
+@dataclass
+class DatasetSchema:
+    name: str = MISSING
+    delta: float = spec(gt=0.0, lt=1.0)
+    #: set by configs/dataset/celeba.yaml and ffhq.yaml: the option the user typed; ``name`` is then the
+    #: method's paper setting (configs/paper_dataset/<alias>_<method>.yaml)
+    alias: Optional[str] = None
+    note: Optional[str] = None   # why this concrete dataset (the paper's setting), logged
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        from dpgen.data import DATASETS
+
+        if node.name in DATASETS:
+            return
+        if node.alias is not None:
+            from dpgen.data.aliases import alias_help
+
+            raise DpgenError(alias_help(str(node.alias), str(ctx.cfg.method.name)))
+        raise bad("dataset", node.name, "one of " + ", ".join(DATASETS))
+
+
+def _eval_schema() -> type:
+    """The ``eval`` group's schema: the fields of :class:`dpgen.eval.config.EvalConfig` (the one list of eval
+    keys) with OmegaConf types; its values are checked by ``dpgen.eval.config.resolve_config``."""
+    from dpgen.eval.config import EvalConfig
+
+    def omega(hint: Any) -> Any:
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin in (typing.Union, types.UnionType):
+            inner = [a for a in args if a is not type(None)]
+            return Optional[omega(inner[0])] if type(None) in args else omega(inner[0])
+        if origin in (tuple, list):
+            return List[omega(args[0])] if args else List[Any]
+        return hint
+
+    hints = typing.get_type_hints(EvalConfig)
+    fields = [(f.name, omega(hints[f.name]), field(default=MISSING)) for f in dataclasses.fields(EvalConfig)]
+
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        from dpgen.eval.config import resolve_config
+
+        resolve_config(node)
+
+    # __module__: configs are pickled by reference (joblib sweep workers), so the class must be importable here
+    return dataclasses.make_dataclass("EvalSchema", fields, namespace={"cross_check": staticmethod(cross_check),
+                                                                       "__module__": __name__})
+
+
+EvalSchema = _eval_schema()
+
+
+@dataclass
+class MethodSchema:
+    name: str = MISSING
+    module: str = MISSING
+    hparams: str = MISSING
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        """A config may only name a registered method, with the module and block the registry gives it:
+        ``method.module`` is imported, so it must never be anything else."""
+        from dpgen.core.methods import METHODS, method_info
+
+        info = method_info(str(node.name))
+        for part in ("module", "hparams"):
+            if node[part] != getattr(info, part):
+                raise bad(f"method.{part}", node[part], f"{getattr(info, part)} for method {node.name} "
+                          f"(registered methods: {', '.join(sorted(METHODS))})")
+        if ctx.cfg.get(info.hparams) is None:
+            raise DpgenError(f"method={node.name} needs its hyperparameter block '{info.hparams}' "
+                             f"(configs/method/{node.name}.yaml)")
+
+
+@dataclass
+class DebugSchema:
+    stop_after: Optional[int] = spec(None, ge=1)   # simulate a crash after this many steps (tests resume)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _check_data_root(value: str) -> None:
+    """An existing directory, or one that can be created (probed without leaving anything behind)."""
+    path = Path(value).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise bad("data_root", value, "a directory (this path is a file)")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise OSError("not a directory")
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".dpgen-probe-"))
+    except OSError as exc:
+        raise bad("data_root", value, f"a directory that exists or can be created ({parent}: "
+                  f"{exc.strerror or exc})") from None
+
+
+@dataclass
+class TrainSchema:
+    """The composed config of ``scripts/train.py`` (configs/train.yaml and its groups)."""
+
+    method: MethodSchema = nested(MethodSchema)
+    dataset: DatasetSchema = nested(DatasetSchema)
+    eval: EvalSchema = nested(EvalSchema)  # type: ignore[valid-type]
+    privacy: PrivacySchema = nested(PrivacySchema)
+    profile: str = spec(choices=("quick", "paper"))
+    eps: Any = MISSING               # a positive number or inf: dpgen.privacy.parse_epsilon
+    delta: float = spec(gt=0.0, lt=1.0)
+    seed: int = spec(ge=0, lt=2**32)
+    device: str = MISSING            # auto | cpu | cuda | cuda:<i>
+    threads: Optional[int] = spec(None, ge=1)
+    data_root: str = MISSING
+    resume: Optional[str] = None
+    checkpoint_every: int = spec(ge=1)
+    log_every: int = spec(ge=1)
+    samples_per_class: int = spec(ge=1, le=1000)
+    tensorboard: bool = MISSING
+    progress: bool = MISSING
+    debug: DebugSchema = nested(DebugSchema)
+    # one hyperparameter block per method family (only the selected method's block is set)
+    dpgan: Optional[DpganHparams] = None
+    dpac: Optional[DpacHparams] = None
+    efsgd: Optional[EfsgdHparams] = None
+    gpate: Optional[GpateHparams] = None
+    dpaf: Optional[DpafHparams] = None
+    feta: Optional[FetaHparams] = None
+    #: per-method SLURM sizing that configs/hydra/launcher/slurm.yaml adds and reads (not a job setting). Hydra
+    #: merges launcher configs before this schema, so its default must be MISSING (a None would erase them).
+    slurm: Optional[Dict[str, Any]] = field(default=MISSING, metadata={"absent_ok": True})
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        from dpgen.privacy import parse_epsilon
+
+        parse_epsilon(node.eps)
+        if not _DEVICE.match(str(node.device)):
+            raise bad("device", node.device, "auto, cpu, cuda or cuda:<index>")
+        _check_data_root(str(node.data_root))
+        # resume=auto is decided per job by dpgen/core/resume.py (continue if the job's directory has a checkpoint)
+        if node.resume is not None and str(node.resume) != "auto" and not Path(str(node.resume)).is_dir():
+            raise bad("resume", node.resume, "the directory of an interrupted run")
+
+
+#: hyperparameter block name -> its schema (the TrainSchema field of the same name)
+HPARAM_SCHEMAS: dict[str, type] = {"dpgan": DpganHparams, "dpac": DpacHparams, "efsgd": EfsgdHparams,
+                                   "gpate": GpateHparams, "dpaf": DpafHparams, "feta": FetaHparams}
+
+
+def check_config(cfg: DictConfig, facts: Facts | None = None) -> None:
+    """Every value of a composed config against the schema (method block included). Data-dependent rules
+    (a batch at most N, an image size a method supports) run when ``facts`` describe the loaded data."""
+    try:
+        check_block(cfg, TrainSchema, "", CheckContext(cfg, facts or Facts()))
+    except DpgenError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - OmegaConf errors while resolving a value
+        raise explain_config_error(exc) from None
+
+
+def register_schemas() -> None:
+    """Register :class:`TrainSchema` as ``train_schema`` in Hydra's ConfigStore (configs/train.yaml uses it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+
+
+# ---- OmegaConf/Hydra errors as one line -----------------------------------------------------------
+
+_SCHEMA_FILES = {"dpgan": "dpgen/core/hparams/dpgan.py", "dpac": "dpgen/core/hparams/dpac.py",
+                 "efsgd": "dpgen/core/hparams/efsgd.py", "gpate": "dpgen/core/hparams/gpate.py",
+                 "dpaf": "dpgen/core/hparams/dpaf.py", "feta": "dpgen/core/hparams/feta.py"}
+
+
+def _omegaconf_error(exc: BaseException) -> Any:
+    from omegaconf.errors import OmegaConfBaseException
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OmegaConfBaseException) and getattr(exc, "full_key", None):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def schema_hint(key: str) -> Any:
+    """The declared type of a dotted key (``dpgan.lr_d``), or None if the schema has no such key."""
+    hint: Any = TrainSchema
+    for part in key.split("."):
+        cls = dataclass_in(hint)
+        if cls is None:
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        hint = hints[part]
+    return hint
+
+
+def _keys_of(key: str) -> list[str]:
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    cls = dataclass_in(schema_hint(parent)) if parent else TrainSchema
+    return [f.name for f in dataclasses.fields(cls)] if cls else []
+
+
+def explain_config_error(exc: BaseException, given: dict[str, str] | None = None) -> DpgenError:
+    """A Hydra/OmegaConf composition or resolution error as one line naming the key, the value and what is
+    allowed. ``given``: the command-line overrides (key -> value), to tell a typo from a schema gap."""
+    given = given or {}
+    err = _omegaconf_error(exc)
+    text = next((ln.strip() for ln in str(err or exc).splitlines() if ln.strip()), type(exc).__name__)
+    if err is None:
+        key = re.search(r"Could not override '([^']+)'", str(exc))
+        if key and "not in struct" in str(exc.__cause__ or exc) or key and "No match in" in str(exc):
+            return _unknown_key(key.group(1), given)
+        return DpgenError(f"bad config: {text}")
+    key = str(err.full_key)
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and schema_hint(key) is None:
+        return _unknown_key(key, given)
+    if isinstance(err, MissingMandatoryValue):
+        return DpgenError(f"{key} has no value; set {key}=... (or declare it in the method's yaml file)")
+    if isinstance(err, ValidationError):
+        hint = schema_hint(key)
+        value = given.get(key, _value_in(text))
+        return bad(key, value, describe_type(hint) if hint is not None else "another type")
+    return DpgenError(f"bad config: {key}: {text}")
+
+
+def _value_in(message: str) -> Any:
+    m = re.search(r"Value '(.*?)' of type", message)
+    return m.group(1) if m else "?"
+
+
+def _unknown_key(key: str, given: dict[str, str]) -> DpgenError:
+    block = key.split(".", 1)[0]
+    known = _keys_of(key)
+    shown = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+    if key in given or f"+{key}" in given or block not in _SCHEMA_FILES:
+        return DpgenError(f"unknown key {key}; valid keys here: {shown}")
+    return DpgenError(f"unknown key {key} in configs/method/*.yaml: declare it in {_SCHEMA_FILES[block]} "
+                      f"(valid keys here: {shown})")
+
+
+# ---- a saved run config (.hydra/config.yaml), read back ---------------------------------------------------
+
+MAX_RUN_CONFIG_BYTES = 2**20
+
+
+def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
+    """``<run_dir>/.hydra/config.yaml``, typed and checked like a freshly composed config.
+
+    The file may come from a shared run directory: it is parsed by OmegaConf's safe YAML loader, merged into
+    :class:`TrainSchema` (unknown keys and wrong types refused) and checked by :func:`check_config`, so a
+    crafted ``method.module: os`` is a one-line DpgenError and nothing it names is ever imported.
+    """
+    from omegaconf import OmegaConf
+
+    cfg_file = Path(run_dir) / ".hydra" / "config.yaml"
+    if not cfg_file.is_file():
+        raise DpgenError(f"{run_dir} is not a dpgen run directory (no .hydra/config.yaml)")
+    if cfg_file.stat().st_size > MAX_RUN_CONFIG_BYTES:
+        raise DpgenError(f"{cfg_file} is larger than a run config can be ({MAX_RUN_CONFIG_BYTES // 1024} KiB)")
+    try:
+        raw = OmegaConf.load(cfg_file)
+    except Exception as exc:  # noqa: BLE001 - YAML errors
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: unreadable YAML ({type(exc).__name__})") from None
+    if not isinstance(raw, DictConfig):
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: not a mapping")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainSchema), raw)
+        OmegaConf.set_struct(cfg, True)
+    except Exception as exc:  # noqa: BLE001 - schema errors
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {explain_config_error(exc)}") from None
+    try:
+        check_config(cfg)
+    except DpgenError as exc:
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {exc}") from None
+    return cfg

@@ -1,0 +1,315 @@
+#!/usr/bin/env python
+"""The privacy-mutation gate (`make mutants`): single-line mutations of privacy-critical lines that the
+test suite must kill.
+
+Each mutant names a file, one line's exact original text (it must occur exactly once in that file), its
+mutant, and the tests that must fail with it. The runner copies the tracked tree once into a scratch
+directory, applies one mutant at a time, runs its tests there (``PYTHONPATH`` = the copy) and restores the
+file. It exits 1 if any mutant survives (its tests pass) or no longer applies (the original line moved:
+update the entry), so a refactor cannot silently retire a mutant.
+
+General mutation tools (mutmut, cosmic-ray) mutate every line and take hours here; this gate is the
+curated list of the mutations that matter for privacy (issue 18), and runs in minutes.
+
+    python tests/privacy_mutants.py            # all
+    python tests/privacy_mutants.py dpgan      # the mutants whose id starts with "dpgan"
+    python tests/privacy_mutants.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    original: str
+    mutant: str
+    tests: tuple[str, ...]
+    why: str = ""
+
+
+DPGAN_WIRING = "tests/test_dpgan_wiring.py"
+FETA_WIRING = "tests/test_feta_wiring.py"
+DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
+
+MUTANTS: list[Mutant] = [
+    # -- dpgan -------------------------------------------------------------------------------------------
+    Mutant("dpgan.sigma_half", "dpgen/dpgan/train.py",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip),",
+           "noise_multiplier=sigma * 0.5, max_grad_norm=float(hp.clip),",
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "σ × 0.5 passed to the DPOptimizer"),
+    Mutant("dpgan.clip_x100", "dpgen/dpgan/train.py",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip),",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip) * 100,",
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "clip × 100"),
+    Mutant("dpgan.guard_removed", "dpgen/dpgan/train.py",
+           "            if not guard.allows():",
+           "            if False:",
+           (DPGAN_WIRING + "::test_budget_guard_stops_exactly_at_the_limit",),
+           "budget-guard check removed"),
+    Mutant("dpgan.fixed_batch", "dpgen/dpgan/train.py",
+           '            idx = poisson_batch(n, q, gens["sample"], dev)',
+           '            idx = torch.randperm(n, generator=gens["sample"], device=dev)[:batch]',
+           (DPGAN_WIRING + "::test_sigma_clip_and_poisson_batch_match_the_ledger",),
+           "Poisson batch replaced by a fixed-size random batch"),
+    # -- feta / dpdm (one training loop) -----------------------------------------------------------------
+    Mutant("feta.sigma_half", "dpgen/feta/train.py",
+           'set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])',
+           'set_noisy_grads(params, sums, sigma * 0.5, float(hp.clip), q * n, gens["noise"])',
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "DP-SGD σ × 0.5 in training"),
+    Mutant("feta.clip_x10", "dpgen/feta/train.py",
+           "sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),",
+           "sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip) * 10,",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "per-record clip × 10"),
+    Mutant("feta.guard_removed", "dpgen/feta/train.py",
+           "        if not guard.allows():",
+           "        if False:",
+           (FETA_WIRING + "::test_budget_guard_stops_at_the_last_allowed_step",),
+           "budget-guard check removed"),
+    Mutant("feta.central_sigma_half", "dpgen/feta/train.py",
+           "sigma=0.0 if ledger.privacy_off else float(hp.central_sigma),",
+           "sigma=0.0 if ledger.privacy_off else float(hp.central_sigma) * 0.5,",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "central-image σ × 0.5"),
+    Mutant("feta.central_mean_sensitivity_half", "dpgen/feta/central.py",
+           "return _release(sums, clip, sigma, ledger, MEAN_ENTRY, q, generator) / expected_batch",
+           "return _release(sums, clip * 0.5, sigma, ledger, MEAN_ENTRY, q, generator) / expected_batch",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "mean-image noise at half the clip bound (σ × 0.5 in effect)"),
+    Mutant("feta.central_mode_sensitivity_half", "dpgen/feta/central.py",
+           "return _release(hist, math.sqrt(math.prod(xb.shape[1:])), sigma, ledger, MODE_ENTRY, q, generator)",
+           "return _release(hist, 0.5 * math.sqrt(math.prod(xb.shape[1:])), sigma, ledger, MODE_ENTRY, q, generator)",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "mode-image noise at half the sensitivity"),
+    Mutant("feta.central_full_resolution", "dpgen/feta/central.py",
+           "        xb, yb = shrink(x[idx], low), y[idx]",
+           "        xb, yb = x[idx], y[idx]",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "official query at full resolution with the half-resolution clip/sensitivity"),
+    Mutant("feta.batch_not_poisson", "dpgen/feta/train.py",
+           "        xb = x_all[idx] * 2 - 1",
+           "        xb = x_all[:len(idx)] * 2 - 1",
+           (FETA_WIRING + "::test_mechanisms_receive_what_the_ledger_records",),
+           "DP-SGD reads other records than the Poisson batch"),
+    # -- dpaf (issue 16/18) ------------------------------------------------------------------------------
+    Mutant("dpaf.z3_half", "dpgen/dpaf/train.py",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]',
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3 * 0.5, bsz, gens["agg"]) for s in subs]',
+           (DPAF_SPY,), "DPAGG z3 × 0.5 in training"),
+    Mutant("dpaf.z2_half", "dpgen/dpaf/train.py", "float(hp.lr_d), z2, float(hp.clip_d)",
+           "float(hp.lr_d), z2 * 0.5, float(hp.clip_d)", (DPAF_SPY,), "conv2* DP-SGD z2 × 0.5"),
+    Mutant("dpaf.z1_half", "dpgen/dpaf/train.py", "float(hp.lr_c), z1, float(hp.clip_c)",
+           "float(hp.lr_c), z1 * 0.5, float(hp.clip_c)", (DPAF_SPY,), "conv1 (phase-1 C) DP-SGD z1 × 0.5"),
+    Mutant("dpaf.clip_d_x2", "dpgen/dpaf/train.py", "z2, float(hp.clip_d), mu * bsz",
+           "z2, float(hp.clip_d) * 2, mu * bsz", (DPAF_SPY,), "conv2* clip × 2"),
+    Mutant("dpaf.clip_c_x2", "dpgen/dpaf/train.py", "z1, float(hp.clip_c), bc",
+           "z1, float(hp.clip_c) * 2, bc", (DPAF_SPY,), "phase-1 C clip × 2"),
+    Mutant("dpaf.sound_c_coupled", "dpgen/dpaf/train.py", "k, bc, paper, eps_sin)", "k, bc, True, eps_sin)",
+           (DPAF_SPY,), "sound C trained on the batch-coupled (paper) loss"),
+    Mutant("dpaf.sound_conv2_coupled", "dpgen/dpaf/train.py", "subs, idx, fakes, paper, eps_sin)",
+           "subs, idx, fakes, True, eps_sin)", (DPAF_SPY,), "sound conv2* trained on the batch-coupled loss"),
+    Mutant("dpaf.guard_removed", "dpgen/dpaf/train.py", "        if not budget.group_step():",
+           "        if not budget.group_step() and False:",
+           ("tests/test_dpaf_wiring.py::test_budget_guard_binds_with_a_fixed_sigma",), "group budget guard removed"),
+    Mutant("dpaf.fixed_batch", "dpgen/dpaf/train.py", "        idx = sample_d(g)",
+           "        idx = torch.randperm(n, device=dev)[:mu * bsz]", (DPAF_SPY,),
+           "Poisson group replaced by a fixed-size random batch"),
+    Mutant("dpaf.dpagg_noise_half", "dpgen/dpaf/mechanisms.py", "noise * (noise_multiplier * sensitivity)",
+           "noise * (noise_multiplier * sensitivity * 0.5)", (DPAF_SPY, "tests/test_dpaf_mechanisms.py"),
+           "DPAGG noise std halved inside the mechanism"),
+    Mutant("dpaf.sensitivity_half", "dpgen/dpaf/train.py", "    sens = d_net.sensitivity",
+           "    sens = d_net.sensitivity * 0.5", (DPAF_SPY,), "DPAGG sensitivity √m·p halved"),
+    Mutant("dpaf.overlapping_split", "dpgen/dpaf/mechanisms.py", "return [perm[j::mu] for j in range(mu)]",
+           "return [perm[j:] for j in range(mu)]", (DPAF_SPY,),
+           "the μ batches of a group overlap (one record in several batches)"),
+    Mutant("dpaf.real_aggs_noiseless", "dpgen/dpaf/train.py",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]',
+           "real_aggs = [d_net.features(x_all[s], y_all[s], eps_sin).sum(0) / bsz for s in subs]",
+           ("tests/test_dpaf_wiring.py::test_generator_depends_on_data_only_through_the_mechanisms",),
+           "real aggregates computed without DPAGG (no noise)"),
+    Mutant("dpaf.q1_half", "dpgen/dpaf/train.py", "sample_c = _sampler(run, n, q1, 1, t1)",
+           "sample_c = _sampler(run, n, q1 / 2, 1, t1)", (DPAF_SPY,), "phase-1 Poisson rate halved vs the ledger"),
+    Mutant("dpaf.one_group_sigma", "dpgen/dpaf/accounting.py", "self.zs = [z3, z2]", "self.zs = [z2]",
+           (DPAF_SPY, "tests/test_dpaf_accounting.py"), "the joint event records one of its two Gaussians"),
+    # -- gpate -------------------------------------------------------------------------------------------
+    Mutant('gpate.sigma2_half', 'dpgen/gpate/train.py',
+           'cfg["sigma1"], cfg["sigma2"], cfg["threshold"], gens["proj"]',
+           'cfg["sigma1"], cfg["sigma2"] * 0.5, cfg["threshold"], gens["proj"]',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'σ2 × 0.5 passed to DPGradAgg'),
+    Mutant('gpate.sigma1_half', 'dpgen/gpate/train.py',
+           'cfg["sigma1"], cfg["sigma2"], cfg["threshold"], gens["proj"]',
+           'cfg["sigma1"] * 0.5, cfg["sigma2"], cfg["threshold"], gens["proj"]',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'σ1 × 0.5 passed to DPGradAgg'),
+    Mutant('gpate.clip_c_x2', 'dpgen/gpate/train.py',
+           'tuple(xd.shape[1:]), cfg["c"], cfg["bins"]',
+           'tuple(xd.shape[1:]), cfg["c"] * 2, cfg["bins"]',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'clipping constant c × 2'),
+    Mutant('gpate.teacher_batch_shifted', 'dpgen/gpate/train.py',
+           'i = idx[a:b]',
+           'i = idx[a:b].roll(1, 0)',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records', 'tests/test_gpate_train.py::test_teachers_are_isolated_from_each_others_records'),
+           "teacher t reads teacher t−1's records"),
+    Mutant('gpate.partition_offsets_rolled', 'dpgen/gpate/ensemble.py',
+           'self.order[(self.offsets[:, None] + local)',
+           'self.order[(self.offsets.roll(1)[:, None] + local)',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           "partition offsets rolled (teacher reads another's records)"),
+    Mutant('gpate.teacher_fakes_other_labels', 'dpgen/gpate/train.py',
+           'xf = g_net(zz, yr.reshape(-1), group=m)',
+           'xf = g_net(zz, yr.roll(1, 0).reshape(-1), group=m)',
+           ('tests/test_gpate_train.py::test_teachers_are_isolated_from_each_others_records',),
+           "teacher fakes from another teacher's labels"),
+    Mutant('gpate.guard_removed', 'dpgen/gpate/train.py',
+           'iters = min(iters, run.start_step + guard.remaining // queries_per_iter)',
+           'iters = iters',
+           ('tests/test_gpate_train.py::test_budget_guard_stops_exactly_at_its_limit',),
+           'budget guard removed'),
+    Mutant('gpate.rdp_argmax_scale', 'dpgen/gpate/rdp.py',
+           'argmax = float(sigma2) / SQRT2',
+           'argmax = float(sigma2)',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'argmax RDP scale without the √2'),
+    Mutant('gpate.prior_laplace_half', 'dpgen/gpate/train.py',
+           'noise = laplace_noise(num_classes, b, generator)',
+           'noise = laplace_noise(num_classes, b * 0.5, generator)',
+           ('tests/test_gpate_train.py::test_spy_laplace_prior_matches_its_ledger_entry',),
+           'Laplace class prior at half its scale'),
+    Mutant('gpate.paper_stop_x2', 'dpgen/gpate/train.py',
+           'if rdp.classic_epsilon(self.rdp_cum + rdp_it, self.ledger.delta) > self._budget():',
+           'if rdp.classic_epsilon(self.rdp_cum + rdp_it, self.ledger.delta) > 2 * self._budget():',
+           ('tests/test_gpate_train.py::test_paper_accounting_stops_where_the_data_dependent_epsilon_would_cross',),
+           'paper stop at 2× the budget'),
+    Mutant('gpate.paper_stop_plus1', 'dpgen/gpate/rdp.py',
+           'k = np.floor(slack / np.asarray(per_iteration_bound))',
+           'k = np.floor(slack / np.asarray(per_iteration_bound)) + 1',
+           ('tests/test_gpate_train.py::test_paper_accounting_stops_where_the_data_dependent_epsilon_would_cross',),
+           'paper stop one iteration late'),
+    Mutant('gpate.inf_data_dependent', 'dpgen/gpate/train.py',
+           'if paper and not ledger.privacy_off else None',
+           'if paper else None',
+           ('tests/test_gpate_train.py::test_eps_inf_is_clean_under_both_accountings',),
+           'eps=inf charges data-dependent RDP'),
+    Mutant('gpate.argmax_noise_half', 'dpgen/gpate/aggregate.py',
+           'noisy = counts + sigma2 * torch.randn',
+           'noisy = counts + 0.5 * sigma2 * torch.randn',
+           ('tests/test_gpate_privacy.py::test_threshold_and_argmax_noise_stds_are_sigma1_and_sigma2',),
+           'argmax noise × 0.5 in the aggregator'),
+    Mutant('gpate.threshold_noise_half', 'dpgen/gpate/aggregate.py',
+           'counts.max(dim=1).values + sigma1 * torch.randn',
+           'counts.max(dim=1).values + 0.5 * sigma1 * torch.randn',
+           ('tests/test_gpate_privacy.py::test_threshold_and_argmax_noise_stds_are_sigma1_and_sigma2',),
+           'threshold noise × 0.5 in the aggregator'),
+    Mutant('gpate.threshold_half', 'dpgen/gpate/train.py',
+           '"threshold": None if thresh is None else float(thresh) * n_t,',
+           '"threshold": None if thresh is None else float(thresh) * n_t * 0.5,',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'threshold × 0.5'),
+    Mutant('gpate.paper_rdp_zeroed', 'dpgen/gpate/rdp.py',
+           'total = total + rdp_gaussian(compute_logq_gaussian(counts[answered], sigma2), sigma2, orders).sum(axis=0)',
+           'total = total + 0 * rdp_gaussian(compute_logq_gaussian(counts[answered], sigma2), sigma2, orders).sum(axis=0)',
+           ('tests/test_gpate_ensemble.py::test_paper_accounting_and_credit_prior_match_the_oracle',),
+           'data-dependent RDP of answered queries dropped'),
+    Mutant('gpate.ledger_one_query', 'dpgen/gpate/train.py',
+           'ledger.record(ENTRY, nm, count=queries_per_iter)',
+           'ledger.record(ENTRY, nm, count=1)',
+           ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
+           'ledger charges one query per iteration'),
+]
+
+
+def _copy_tree(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+
+
+def check_applies(m: Mutant, tree: Path) -> str | None:
+    """None if ``m`` applies to ``tree`` exactly once, else why not."""
+    text = (tree / m.file).read_text()
+    count = text.count(m.original)
+    return None if count == 1 else f"original line found {count} times in {m.file}"
+
+
+def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
+    """'killed' | 'survived' | 'stale: ...' and the seconds its tests took."""
+    path = tree / m.file
+    text = path.read_text()
+    why = check_applies(m, tree)
+    if why:
+        return f"stale: {why}", 0.0
+    path.write_text(text.replace(m.original, m.mutant))
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.time()
+    try:
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                              "-m", "slow or not slow", *m.tests], cwd=tree, env=env, capture_output=True,
+                             text=True, timeout=timeout)
+        rc = res.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1  # a hang is a detection too, but say so
+    finally:
+        path.write_text(text)
+    seconds = time.time() - t0
+    if rc == 0:
+        return "survived", seconds
+    if rc in (4, 5):  # usage error / no tests collected: the entry is broken, not the mutant killed
+        return f"stale: pytest exit {rc} (test ids?)", seconds
+    return ("killed (timeout)" if rc == -1 else "killed"), seconds
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("prefix", nargs="*", help="only mutants whose id starts with one of these")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per mutant's test run")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.prefix or m.id.startswith(tuple(args.prefix))]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:32s} {m.file}: {m.why}")
+        return 0
+    if not chosen:
+        print("no mutant matches", file=sys.stderr)
+        return 2
+    t_all = time.time()
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dpgen-mutants-") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        for m in chosen:
+            verdict, seconds = run_mutant(m, tree, args.timeout)
+            print(f"{verdict:18s} {seconds:7.1f}s  {m.id}  ({m.why})", flush=True)
+            if not verdict.startswith("killed"):
+                failures.append(m.id)
+    print(f"{len(chosen) - len(failures)}/{len(chosen)} mutants killed in {time.time() - t_all:.0f}s")
+    if failures:
+        print("not killed: " + ", ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""On a real GPU (issue 14 §6): every method trains 2 steps, stops, and resumes on ``device=cuda``.
+
+Marked ``gpu``: excluded from ``make test``; run with ``pytest -m gpu`` (skipped without CUDA). Host syncs
+are reported by ``torch.cuda.set_sync_debug_mode("warn")`` (each with the Python line that caused it, shown
+with ``-s``); the CPU harness (tests/test_device_discipline.py) is the test that enforces their budget.
+Checked here: nothing crashes on CUDA, the resumed run ends where it should, and the released generator
+lives and samples on the GPU.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+from test_device_discipline import CASES, credit  # noqa: F401 (credit: the fixture)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def train_on(device: torch.device, method: str, run_dir, *overrides: str, data=None, **run_kwargs):
+    """``tiny.train_in_memory`` with the run on ``device``; returns ``(generator, ledger, run)``."""
+    from dpgen.core.methods import load_method
+    from dpgen.core.pipeline import seed_everything
+    from dpgen.core.run import Run
+    from dpgen.data import load_dataset
+    from dpgen.privacy import PrivacyLedger, parse_epsilon
+    from tiny import compose_cfg
+
+    cfg = compose_cfg(method, *overrides)
+    data = load_dataset("digits", str(run_dir / "data")) if data is None else data
+    ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
+                           accountant=cfg.privacy.accountant, accounting=cfg.privacy.accounting)
+    run = Run(run_dir, ledger, device, 0, {}, progress=False, tensorboard=False, log_every=10**9,
+              checkpoint_every=10**9, **run_kwargs)
+    seed_everything(0)
+    try:
+        gen = load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
+    finally:
+        run.close()
+    return gen, ledger, run
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_steps_and_a_resume_on_cuda(case, tmp_path, request):
+    from dpgen.core.run import TrainingInterrupted
+
+    method, _, overrides, dataset = CASES[case]
+    data = request.getfixturevalue("credit") if dataset == "credit" else None
+    cuda = torch.device("cuda")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(TrainingInterrupted):
+                train_on(cuda, method, tmp_path, *overrides, data=data, stop_after=2)
+            gen, ledger, run = train_on(cuda, method, tmp_path, *overrides, data=data, resume=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    print(f"\n{case}: {sum(syncs.values())} host syncs (2 steps, resume, the rest of the tiny run)")
+    for where, n in syncs.most_common():
+        print(f"  {where} x{n}")
+    assert run.start_step == 2 and ledger.entries, "the second run resumed from step 2 and kept accounting"
+    params = list(gen.parameters())
+    assert params and all(p.device.type == "cuda" for p in params)
+    if not data or not data.tabular:
+        x, y = gen.sample(4, labels=torch.arange(4) % gen.num_classes, seed=0)
+        assert torch.isfinite(x).all()
