@@ -349,6 +349,11 @@ MUTANTS: list[Mutant] = [
            '            x_rec, y_rec = x_all[:len(xr[0])], y_all[:len(xr[0])]',
            ('tests/test_dpac_spy.py::test_spy_sigma_clip_and_partition_reads_match_the_ledger[efsgd]',),
            'efsgd encoder reads all records'),
+    Mutant("gswgan.refresh_reads_next_partition", "dpgen/dpac/train.py",
+           "\n    idx = parts.sample(members, b, g)\n",
+           "\n    idx = parts.sample((members + 1) % k, b, g)\n",
+           ("tests/test_dpac_isolation.py::test_one_record_changes_only_its_own_partitions_states[gswgan_refresh]",),
+           "refresh_chunk: D_j's extra critic step reads partition j+1"),
 ]
 
 

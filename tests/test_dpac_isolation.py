@@ -34,6 +34,8 @@ CASES = {  # name: (method, accounting, extra overrides)
     "dpac": ("dpac", "sound", []),
     "dpac_keep_classifier": ("dpac", "paper", ["classifier.reinit=false"]),
     "efsgd": ("efsgd", "sound", []),
+    "gswgan_refresh": ("gswgan", "sound", ["refresh_chunk=5", "shared_init=true"]),  # research options
+    "efsgd_refresh": ("efsgd", "sound", ["refresh_chunk=3"]),
 }
 
 
