@@ -147,7 +147,7 @@ def test_method_rules_that_need_the_data_run_before_anything_exists(capsys, work
     assert "dpgan.batch_size=5000 is invalid; expected an integer between 1 and N=1437" in \
         _refused(capsys, workdir, "dpgan.batch_size=5000")
     assert "gpate.sigma1" in _refused(capsys, workdir, "method=gpate", "gpate.sigma1=3")
-    assert "efsgd.C2" in _refused(capsys, workdir, "method=efsgd", "efsgd.C2=0.5")
+    assert "efsgd.C2" in _refused(capsys, workdir, "method=efsgd", "efsgd.C2=0.25")
     assert "paper" in _refused(capsys, workdir, "method=efsgd", "efsgd.encoder.code=raw")
 
 

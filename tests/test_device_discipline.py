@@ -70,22 +70,13 @@ CASES = {
 #:     dpac, plus efsgd/nets.py:65 generator-without-device; resume: efsgd/sanitizer.py:85-86 keeps the error
 #:     state on the CPU (used at sanitizer.py:71, privacy/mechanisms.py:38,41), the encoder NetStack
 #:     (efsgd/nets.py:72, efsgd/train.py:134,139) and the ensemble as dpac.
+#: gswgan, dpac, efsgd: fixed (issue 12): no per-step sync, generators and restored states on the run's device.
 #: gpate, gpate-credit: fixed (issue 13): no per-step sync. Before: gpate (7/step, budget 1): gpate/aggregate.py:85 int, :91,:92 .cpu(), :93,:94 float; gpate/ensemble.py:92 float;
 #:     gpate/train.py:229 loss_g.item() (1/step each).
 #: gpate-credit: as gpate, plus setup: gpate/train.py:90 generator-without-device torch.rand (class prior).
 #: dpaf: fixed (issue 16): one sync per log_every steps (the Poisson chunk's sizes), seeded compression draws.
 #: feta, dpdm: fixed (issue 16): one sync per step, feta/central.py poisson_batch's nonzero (the Poisson batch).
 PENDING: dict[str, set[tuple[str, str]]] = {
-    "gswgan": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
-               ("dpgen/dpac/ensemble.py", "restored-off-device"), ("dpgen/dpac/nets.py", "restored-off-device")},
-    "dpac": {("dpgen/dpac/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
-             ("dpgen/dpac/nets.py", "factory-without-device"), ("dpgen/dpac/ensemble.py", "restored-off-device"),
-             ("dpgen/dpac/nets.py", "restored-off-device")},
-    "efsgd": {("dpgen/efsgd/train.py", "sync"), ("dpgen/dpac/nets.py", "generator-without-device"),
-              ("dpgen/efsgd/nets.py", "generator-without-device"), ("dpgen/dpac/nets.py", "factory-without-device"),
-              ("dpgen/dpac/ensemble.py", "restored-off-device"), ("dpgen/dpac/nets.py", "restored-off-device"),
-              ("dpgen/efsgd/nets.py", "restored-off-device"), ("dpgen/efsgd/sanitizer.py", "restored-off-device"),
-              ("dpgen/efsgd/train.py", "restored-off-device"), ("dpgen/privacy/mechanisms.py", "restored-off-device")},
 }
 
 

@@ -1,6 +1,8 @@
 """dpac/gswgan accounting: the paper oracle (GS-WGAN 9.9926) and sound calibration to the target."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dpgen.dpac.accounting import (gswgan_paper_epsilon, iteration_entries, paper_epsilon_fn, paper_max_iters,
@@ -41,3 +43,19 @@ def test_iteration_entries_split_at_classifier_start():
     es = iteration_entries(2.0, 10, 4, 10, 3, start=1)
     assert [(e.count, len(e.noise_multipliers)) for e in es] == [(2, 1), (7, 2)]
     assert es[0].noise_multipliers[0] == pytest.approx(1.0) and es[0].sampling_rate == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("method", ["gswgan", "dpac", "efsgd"])
+def test_paper_accounting_runs_the_noiseless_reference_at_eps_inf(method, tmp_path):
+    """eps=inf under privacy.accounting=paper: the paper calibration gives z = 0 and its iteration cap does not
+    bind (GS-WGAN's analysis is never asked about a noiseless run)."""
+    from tiny import train_in_memory
+
+    assert paper_noise_multiplier(1000, 32, 20000, 1e-5, math.inf) == 0.0
+    assert paper_max_iters(0.0, 1000, 32, 1e-5, math.inf, 123) == 123
+    _, ledger, _ = train_in_memory(method, tmp_path, eps="inf", accounting="paper")
+    assert ledger.privacy_off and ledger.accounting == "paper"
+    assert sum(e.count for e in ledger.entries) == 4, "the configured iterations (tiny: 4) end training"
+    assert all(z == 0.0 for e in ledger.entries for z in e.noise_multipliers)
+    js = ledger.to_json()
+    assert js["epsilon"] == math.inf and js["valid_dp_guarantee"] is False

@@ -37,12 +37,33 @@ def test_paper_profile_keeps_the_published_values():
     assert hp["lr"] == hp["g_lr"] == 1e-4 and hp["ema"] == 0.999 and hp["batch_size"] == 32
 
 
-def test_quick_profile_uses_a_larger_generator_lr():
+def test_quick_profile_uses_its_own_generator_lr():
+    """Issue 12 §4: g_lr 1e-3 > lr 4e-4 let G beat D and collapse; the quick profile uses 2e-4 < 4e-4."""
     hp = _hp("gswgan")
-    assert generator_lr(OmegaConf.create(hp)) == hp["g_lr"] > hp["lr"]
+    assert generator_lr(OmegaConf.create(hp)) == hp["g_lr"] == 2e-4 < hp["lr"]
 
 
 def test_generator_lr_falls_back_to_lr():
     assert generator_lr(OmegaConf.create({"lr": 3e-4})) == 3e-4
     assert generator_lr(OmegaConf.create({"lr": 3e-4, "g_lr": None})) == 3e-4
     assert generator_lr(OmegaConf.create({"lr": 3e-4, "g_lr": 1e-3})) == 1e-3
+
+
+@pytest.mark.parametrize("method", ["dpac", "efsgd"])
+def test_kept_classifier_is_refused_by_the_schema_under_sound_accounting(method):
+    """classifier.reinit=false is refused while the config is checked, before any run directory exists."""
+    from dpgen.core.config import register_configs
+    from dpgen.core.schema import check_config
+    from dpgen.errors import DpgenError
+
+    register_configs()
+    block = "efsgd" if method == "efsgd" else "dpac"
+    base = [f"method={method}", "dataset=fmnist", f"{block}.classifier.enabled=true", f"{block}.classifier.reinit=false"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        sound = compose("train", overrides=[*base, "eps=10"])
+        paper = compose("train", overrides=[*base, "eps=10", "privacy.accounting=paper"])
+        off = compose("train", overrides=[*base, "eps=inf"])
+    with pytest.raises(DpgenError, match=rf"^{block}\.classifier\.reinit=false carries earlier partitions"):
+        check_config(sound)
+    check_config(paper)
+    check_config(off)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 from functools import partial
 
+import pytest
 import torch
 
 from dpgen.dpac.classifier import train_classifier
@@ -81,10 +82,59 @@ def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
         return orig(clf, *a, **k)
 
     monkeypatch.setattr(tr, "train_classifier", spy)
-    run_tiny(tmp_path, iters=5, classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
+    # a kept C is allowed under the paper analysis only (see the test below)
+    run_tiny(tmp_path, accounting="sound" if reinit else "paper", iters=5,
+             classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
     return seen
 
 
 def test_classifier_is_reinitialised_every_iteration_from_t_c(tmp_path, monkeypatch):
     assert _count_classifier_steps(tmp_path / "a", monkeypatch, True) == [0, 0, 0], "fresh C at iterations 2, 3, 4"
     assert _count_classifier_steps(tmp_path / "b", monkeypatch, False) == [0, 3, 6], "reinit=false keeps training C"
+
+
+@pytest.mark.parametrize("method", ["dpac", "efsgd"])
+def test_a_kept_classifier_is_refused_under_sound_accounting(tmp_path, method):
+    from dpgen.errors import DpgenError
+
+    if method == "dpac":
+        from test_dpac_sanitizer import run_tiny
+    else:
+        from test_efsgd_sanitizer import run_tiny
+    with pytest.raises(DpgenError, match=rf"^{method}\.classifier\.reinit=false carries earlier partitions into C") as err:
+        run_tiny(tmp_path, classifier={"reinit": False})
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "checkpoints").exists(), "nothing written"
+
+
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_warm_up_generator_stack_equals_separate_generators(vmapped):
+    """Each stacked warm-up generator computes, and learns, exactly what its own nn.Module would: same forward,
+    same spectral-norm power iteration, same Adam step (on the loop and the vmap path)."""
+    from dpgen.dpac.ensemble import GeneratorStack
+    from dpgen.dpac.nets import ResNetGenerator
+
+    m, b = 3, 4
+    torch.manual_seed(0)
+    stack = GeneratorStack(partial(ResNetGenerator, 10, SHAPE, 10, 8), m, torch.device("cpu"), 1e-2, (0.5, 0.9),
+                           vmapped=vmapped)
+    torch.manual_seed(0)
+    nets = [ResNetGenerator(10, SHAPE, 10, 8) for _ in range(m)]
+    opts = [torch.optim.Adam(n.parameters(), lr=1e-2, betas=(0.5, 0.9)) for n in nets]
+    g = torch.Generator().manual_seed(1)
+    z, y = stack.sample_z(b, g), torch.randint(0, 10, (m, b), generator=g)
+    target = torch.rand(m, b, *SHAPE, generator=g)
+    for _ in range(2):
+        stack.step(lambda x: ((x - target) ** 2).sum(), z, y)
+        for i, (net, opt) in enumerate(zip(nets, opts)):
+            net.train()  # a training forward runs one power iteration, as GeneratorStack.step
+            opt.zero_grad()
+            ((net(z[i], y[i]) - target[i]) ** 2).sum().backward()
+            opt.step()
+    with torch.no_grad():
+        out = stack(z, y)
+        for i, net in enumerate(nets):
+            torch.testing.assert_close(out[i], net.eval()(z[i], y[i]), rtol=1e-4, atol=1e-5)
+            for name, t in net.state_dict().items():
+                ref = stack.params.get(name, stack.buffers.get(name))
+                torch.testing.assert_close(ref[i], t, rtol=1e-4, atol=1e-5, msg=name)

@@ -133,6 +133,14 @@ def test_ledger_entries_match_the_releases(tmp_path, monkeypatch):
 
 
 def test_budget_guard_stops_a_run_with_too_little_noise(tmp_path):
+    from dpgen.dpac.accounting import iteration_entries
+    from dpgen.privacy.ledger import compute_epsilon
+
     gen, ledger = run_tiny(tmp_path, noise_multiplier=4.0, target=3.0, iters=50)
     total = sum(e.count for e in ledger.entries)
-    assert 0 < total < 50 and ledger.epsilon() <= 3.0
+
+    def eps(n: int) -> float:  # K=4, B=6, classifier from t_c=2: the loop's own entries
+        return compute_epsilon(iteration_entries(4.0, 4, 6, n, 2), 1e-5)
+
+    assert 2 < total < 50 and ledger.epsilon() <= 3.0
+    assert eps(total) <= 3.0 < eps(total + 1), "stops at the largest allowed iteration"

@@ -29,29 +29,50 @@ def _rows(*norms: float, d: int = 4) -> torch.Tensor:
     return torch.stack([torch.full((d,), n / math.sqrt(d)) for n in norms])  # rows with the given l2 norms
 
 
+def _keyed(san: ErrorFeedbackSanitizer, rows: int, k: int = 0) -> ErrorFeedbackSanitizer:
+    """Key the next update to partition k and distinct classes 0..rows-1 (one error state per row)."""
+    san.key = (torch.tensor([k]), torch.arange(rows))
+    return san
+
+
 def test_error_update_and_clipping_of_e():
     c1, c2 = 1.0, 2.0
-    san = ErrorFeedbackSanitizer(c1, 0.0, c2)
+    san = ErrorFeedbackSanitizer(c1, 0.0, c2, parts=3, classes=2)
     g1 = _rows(5.0, 0.5)
-    v1 = san.update(g1)
+    v1 = _keyed(san, 2, k=1).update(g1)
     torch.testing.assert_close(v1, _rows(1.0, 0.5))  # e starts at 0: v = clip(g, C1)
-    torch.testing.assert_close(san.error, g1 - v1)  # e <- e + g - v: row 0 keeps 4.0, row 1 nothing
+    torch.testing.assert_close(san.error[1], g1 - v1)  # e <- e + g - v: class 0 keeps 4.0, class 1 nothing
+    assert san.error[[0, 2]].abs().sum() == 0, "only the sampled partition's states move"
     g2 = _rows(0.2, 0.2)
-    v2 = san.update(g2)
+    v2 = _keyed(san, 2, k=1).update(g2)
     # e = (4.0, 0) is clipped to C2 = 2 before it is added back
     torch.testing.assert_close(san.last_error_clipped, _rows(2.0, 0.0))
     torch.testing.assert_close(v2, _rows(2.2, 0.2))
-    torch.testing.assert_close(san.error, _rows(4.0, 0.0) + g2 - v2)  # (2.0, 0)
+    torch.testing.assert_close(san.error[1], _rows(4.0, 0.0) + g2 - v2)  # (2.0, 0)
     assert (san.last_direction.norm(dim=1) <= c1 + c2 + 1e-6).all()
-    v3 = san.update(torch.zeros(2, 4))  # no new gradient: the remaining error is fed back
+    v0 = _keyed(san, 2, k=0).update(torch.zeros(2, 4))  # another partition: its own (empty) states
+    torch.testing.assert_close(v0, torch.zeros(2, 4))
+    v3 = _keyed(san, 2, k=1).update(torch.zeros(2, 4))  # no new gradient: the remaining error is fed back
     torch.testing.assert_close(v3, _rows(2.0, 0.0))
-    torch.testing.assert_close(san.error, torch.zeros(2, 4), atol=1e-6, rtol=0)
+    torch.testing.assert_close(san.error[1], torch.zeros(2, 4), atol=1e-6, rtol=0)
+
+
+def test_rows_of_one_class_share_a_state_and_add_their_mean_residual():
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 10.0, parts=1, classes=3)
+    san.key = (torch.tensor([0]), torch.tensor([2, 2, 0]))
+    san.update(_rows(3.0, 5.0, 1.0))  # class 2: residuals 2 and 4 -> mean 3; class 0: none
+    torch.testing.assert_close(san.error[0, 2], _rows(3.0)[0])
+    assert san.error[0, [0, 1]].abs().sum() == 0
+    san.key = (torch.tensor([0]), torch.tensor([2, 2, 1]))
+    v = san.update(torch.zeros(3, 4))
+    torch.testing.assert_close(v, _rows(3.0, 3.0, 0.0))  # both class-2 rows get clip(e[2]); class 1 has none
+    torch.testing.assert_close(san.error[0, 2], torch.zeros(4), atol=1e-6, rtol=0)  # e - clip(e) + mean(-v_i) = 0
 
 
 def test_without_error_feedback_it_is_dpacs_clip():
     san = ErrorFeedbackSanitizer(1.0, 0.0, 3.0, error_feedback=False)
     for _ in range(2):
-        torch.testing.assert_close(san.update(_rows(5.0, 0.5)), _rows(1.0, 0.5))
+        torch.testing.assert_close(_keyed(san, 2).update(_rows(5.0, 0.5)), _rows(1.0, 0.5))
     assert san.error is None
 
 
@@ -60,23 +81,33 @@ def test_error_clip_below_c1_is_rejected():
         ErrorFeedbackSanitizer(1.0, 1.0, 0.5)
 
 
+@pytest.mark.parametrize("rule", ["sensitivity", "dicesgd"])
 @pytest.mark.parametrize("ef", [True, False])
-def test_noise_std_is_dicesgd_formula(ef):
+def test_noise_std_follows_the_rule(ef, rule):
     c1, c2, z, b = 0.5, 1.5, 1.3, 64
-    san = ErrorFeedbackSanitizer(c1, z, c2, ef, generator=torch.Generator().manual_seed(0))
+    san = ErrorFeedbackSanitizer(c1, z, c2, ef, generator=torch.Generator().manual_seed(0), parts=2, classes=b,
+                                 rule=rule)
     x = torch.randn(b, *SHAPE, requires_grad=True)
-    (san(x) * 0.0).sum().backward()  # zero gradient and zero error: what reaches x is pure noise / B
+    (san(x, torch.tensor([1]), torch.arange(b)) * 0.0).sum().backward()  # zero gradient and error: pure noise / B
     noise = x.grad * b
-    expected = 2 * c1 * z * (math.sqrt(1 + 2 * c2 / c1) if ef else 1.0)
-    assert san.noise_std == pytest.approx(expected) == ef_noise_std(c1, c2, z, ef)
+    if not ef:
+        expected = 2 * c1 * z  # dpac's sanitiser
+    elif rule == "sensitivity":
+        expected = 2 * (c1 + c2) * z  # a row moves by at most 2(C1 + C2)
+    else:
+        expected = 2 * c1 * z * math.sqrt(1 + 2 * c2 / c1)  # DiceSGD
+    assert san.noise_std == pytest.approx(expected) == ef_noise_std(c1, c2, z, ef, rule)
     assert noise.std().item() == pytest.approx(expected, rel=0.02)
     assert abs(noise.mean().item()) < 0.02 * expected
+    assert san.sensitivity == pytest.approx(2 * (c1 + c2) if ef else 2 * c1)
+    assert san.accounted_multiplier == pytest.approx(expected / san.sensitivity)
+    assert san.accounted_multiplier <= z * (1 + 1e-12), "the ledger never gets more noise than z"
 
 
 def test_weight_scales_the_sanitised_release_only():
-    san = ErrorFeedbackSanitizer(1.0, 0.0, 1.0, weight=0.25)
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 1.0, weight=0.25, classes=3)
     x = torch.randn(3, 4, requires_grad=True)
-    (san(x) * 100.0).sum().backward()  # raw rows of norm 200 >> C1
+    (san(x, torch.tensor([0]), torch.arange(3)) * 100.0).sum().backward()  # raw rows of norm 200 >> C1
     torch.testing.assert_close(x.grad, san.last_direction * 0.25 / 3)
     assert (san.last_clipped.norm(dim=1) <= 1.0 + 1e-6).all()
 
@@ -89,15 +120,15 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
     gi = torch.Generator().manual_seed(1)
     disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
     clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu"))
-    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, torch.Generator().manual_seed(2 + i))
+    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, torch.Generator().manual_seed(2 + i), parts=3, classes=10)
            for i, (k, w) in enumerate([("d", 1.0), ("c", 0.25), ("e", 1.0)])}
     for s in san.values():
-        s.error = torch.randn(b, *SHAPE)  # a non-trivial error state, so clip(e, C2) is active too
+        s.error = torch.randn(3, 10, *SHAPE)  # non-trivial error states, so clip(e, C2) is active too
     xr = torch.rand(b, *SHAPE)
     code = encoder_input(torch.randn(b, 10), torch.arange(b) % 10, 10, True, 1.0, 0.5, torch.Generator().manual_seed(9))
     g = torch.Generator().manual_seed(4)
     state = g.get_state()
-    generator_step(g_net, opt, disc, clf, 1, san, b, 10, g, (code, xr))
+    generator_step(g_net, opt, disc, clf, torch.tensor([1]), san, b, 10, g, (code, xr, torch.arange(b) % 10))
     grads = [p.grad.clone() for p in g_net.parameters()]
     e = san["e"]
     assert e.calls == 1 and (e.last_norms > c1).all(), "setup: the reconstruction gradient must need clipping"
@@ -108,7 +139,7 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
     g.set_state(state)
     g_net.eval()
     y = torch.randint(0, 10, (b,), generator=g)
-    u_in = torch.cat([torch.cat([g_net.sample_z(b, g), torch.nn.functional.one_hot(y, 10).float()], 1), code])
+    u_in = torch.cat([g_net.input_code(g_net.sample_z(b, g), y), code])
     out = g_net.forward_input(u_in, g)
     params = list(g_net.parameters())
     rel_x = (san["d"].last_release + 0.25 * san["c"].last_release) / b
@@ -169,13 +200,14 @@ def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon)
     for e in ledger.entries:
         assert e.sampling_rate == pytest.approx(1 / 4)
         assert e.noise_multipliers == pytest.approx([zp] * len(e.noise_multipliers))
-    # the sanitisers' noise: ledger multiplier x sqrt(B) x sensitivity 2*C1, times DiceSGD's sqrt(1 + 2*C2/C1)
-    assert san_e.noise_std == pytest.approx(zp * math.sqrt(6) * 2 * 0.01 * math.sqrt(1 + 2 * 2.0))
+    # the sanitisers' noise: ledger multiplier x sqrt(B) x the row sensitivity 2*(C1 + C2)
+    assert san_e.noise_std == pytest.approx(zp * math.sqrt(6) * 2 * (0.01 + 0.02))
     assert ledger.epsilon() <= 8.0 and ledger.epsilon() == pytest.approx(8.0, rel=0.01)
     assert any("DiceSGD" in n for n in ledger.notes) and any("never released" in n for n in ledger.notes)
     ckpt = torch.load(run.checkpoint_path, weights_only=True)
     errors = ckpt["state"]["errors"]
-    assert errors["d"]["error"].shape == (6, *SHAPE) and errors["d"]["error"].abs().sum() > 0, "e is checkpointed"
+    # one error state per partition (K=4) and class (10), checkpointed
+    assert errors["d"]["error"].shape == (4, 10, *SHAPE) and errors["d"]["error"].abs().sum() > 0
     assert (errors["e"]["error"] is not None) == recon
 
 

@@ -61,15 +61,17 @@ def gswgan_paper_epsilon(z: float, k: int, compositions: int, delta: float) -> f
     return float(np.nanmin(eps))
 
 
-def paper_epsilon_fn(batch: int, entry: str = ENTRY) -> Callable[[list[LedgerEntry], float], float]:
+def paper_epsilon_fn(batch: int, entry: str = ENTRY,
+                     z_scale: float = 1.0) -> Callable[[list[LedgerEntry], float], float]:
     """``ledger.paper_epsilon``: maps the sound entries named ``entry`` back to GS-WGAN's count
-    (B compositions per iteration, D path only); efsgd reuses it with its own entry name."""
+    (B compositions per iteration, D path only; z = multiplier·√B·``z_scale``); efsgd reuses it with its own
+    entry name and scale."""
 
     def fn(entries: list[LedgerEntry], delta: float) -> float:
         comps: dict[tuple[float, int], int] = {}
         for e in entries:
             if e.name == entry:  # first multiplier = the D path; the C path is not counted (official accountant)
-                key = (e.noise_multipliers[0] * math.sqrt(batch), round(1.0 / e.sampling_rate))
+                key = (e.noise_multipliers[0] * math.sqrt(batch) * z_scale, round(1.0 / e.sampling_rate))
                 comps[key] = comps.get(key, 0) + e.count * batch
         if not comps:
             return 0.0
@@ -85,6 +87,8 @@ def paper_epsilon_fn(batch: int, entry: str = ENTRY) -> Callable[[list[LedgerEnt
 
 def paper_max_iters(z: float, k: int, batch: int, delta: float, target: float, cap: int) -> int:
     """Largest T ≤ cap whose paper ε (B·T compositions) stays ≤ target (integer bisection)."""
+    if math.isinf(target):  # eps=inf: no budget, the configured iterations bind
+        return cap
     if gswgan_paper_epsilon(z, k, batch, delta) > target:
         return 0
     lo, hi = 1, cap
@@ -100,7 +104,10 @@ def paper_max_iters(z: float, k: int, batch: int, delta: float, target: float, c
 
 
 def paper_noise_multiplier(k: int, batch: int, iters: int, delta: float, target: float, tol: float = 1e-3) -> float:
-    """Smallest z (to ``tol``, conservative side) whose paper ε after ``iters`` iterations is ≤ target."""
+    """Smallest z (to ``tol``, conservative side) whose paper ε after ``iters`` iterations is ≤ target (0 for
+    the eps=inf reference)."""
+    if math.isinf(target):
+        return 0.0
     lo, hi = 0.3, 100.0
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)

@@ -3,8 +3,8 @@
 At every generator iteration from t_c on, C is re-initialised (ablation: ``reinit=false`` keeps it)
 and trained *sequentially*: n_f steps on fake samples, then n_r steps on real samples of the
 currently sampled discriminator's partition (ablation: ``order=parallel`` averages the two losses
-in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²], the
-gradient penalty taken at x itself as in the official code. C is never released; its only path to
+in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²] + ε·E[C(x, y)²],
+the gradient penalty taken at x itself and the drift ε = 1e-3 as in the official code. C is never released; its only path to
 G is the sanitised gradient (see :mod:`dpgen.dpac.sanitizer`).
 """
 from __future__ import annotations
@@ -21,15 +21,17 @@ Batch = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 ORDERS = ("sequential", "parallel")
 
 
-def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor:
-    """−E[C(x, y)] + λ·GP(x) (WGAN-style class score, official ClassifierDCGAN)."""
+def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam: float,
+                    drift: float = 0.0) -> torch.Tensor:
+    """−E[C(x, y)] + λ·GP(x) + drift·E[C(x, y)²] (WGAN-style class score, official ClassifierDCGAN and main.py)."""
     gx = grad(lambda z: clf_forward(p, u, z, y).sum())(x)
     gp = ((gx.flatten(1).norm(dim=1) - 1) ** 2).mean()
-    return -clf_forward(p, u, x, y).mean() + lam * gp
+    score = clf_forward(p, u, x, y)
+    return -score.mean() + lam * gp + drift * (score ** 2).mean()
 
 
 def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_real: int, order: str, lam: float,
-                     lr: float, betas: tuple[float, float]) -> list[str]:
+                     lr: float, betas: tuple[float, float], drift: float = 0.0) -> list[str]:
     """Train C in place; returns the sequence of phases run ("fake"/"real"/"both"), for tests and logs."""
     one = torch.zeros(1, dtype=torch.long, device=clf.t.device)
     phases: list[str] = []
@@ -37,7 +39,7 @@ def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_rea
     def step(loss: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
         functional_step(clf, loss, one, *(x.unsqueeze(0) for x in xs), lr=lr, betas=betas)
 
-    single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam)  # noqa: E731
+    single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam, drift)  # noqa: E731
     if order == "sequential":
         for _ in range(n_fake):
             step(single, *fake())

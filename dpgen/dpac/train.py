@@ -26,7 +26,7 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import NetStack, batched_forward, critic_step
+from dpgen.dpac.ensemble import GeneratorStack, NetStack, batched_forward, critic_step
 from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init, sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
@@ -64,6 +64,28 @@ def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
             raise DpgenError(f"{prefix}.{key} must be >= 1, got {hp[key]}")
     if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
         raise DpgenError(f"{prefix}.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
+    if int(hp.pretrain_iters) < 0 or int(hp.pretrain_chunk) < 1:
+        raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1")
+
+
+KEPT_CLASSIFIER_NOTE = (
+    "classifier.reinit=false: C keeps what it learned on earlier partitions, so its gradients at an iteration "
+    "depend on every partition sampled since t_c, not only on the sampled one; the C path is not a 1/K-sampled "
+    "release and the paper analysis does not cover it."
+)
+
+
+def check_classifier_reuse(hp: DictConfig, ledger: PrivacyLedger, prefix: str, c_start: int | None) -> None:
+    """``classifier.reinit=false`` breaks the per-partition argument of the C path (C carries partition j into
+    the release of an iteration that sampled k): refused when the ledger must be a valid bound."""
+    if c_start is None or bool(hp.classifier.reinit):
+        return
+    if ledger.accounting == "sound" and not ledger.privacy_off:
+        raise DpgenError(f"{prefix}.classifier.reinit=false carries earlier partitions into C, which the sound "
+                         f"ledger cannot charge at rate 1/K; use {prefix}.classifier.reinit=true or "
+                         "privacy.accounting=paper")
+    if KEPT_CLASSIFIER_NOTE not in ledger.notes:
+        ledger.notes.append(KEPT_CLASSIFIER_NOTE)
 
 
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
@@ -129,79 +151,88 @@ class Partitions:
 
 
 @torch.no_grad()
-def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float) -> None:
+def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float, step: int) -> None:
+    """The official ``exp_mov_avg``: decay min(1 − 1/(step + 1), ``decay``) (a warm-up: the average starts at G
+    itself), over the parameters; the spectral-norm vectors (buffers here) are copied from G."""
+    rate = 1.0 - min(1.0 - 1.0 / (step + 1), decay)
     for pe, p in zip(ema.parameters(), net.parameters()):
-        pe.lerp_(p, 1.0 - decay)
+        pe.lerp_(p, rate)
     for be, b in zip(ema.buffers(), net.buffers()):
         be.copy_(b)
 
 
-def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor, make_gen, hp: DictConfig,
-             g: torch.Generator, num_classes: int) -> None:
-    """Non-private warm start of every discriminator on its own partition (official pretrain.sh).
+def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor,
+             make_gen: Callable[[], torch.nn.Module], hp: DictConfig, g: torch.Generator, num_classes: int) -> None:
+    """Non-private warm start of every discriminator on its own partition (official ``pretrain.py``).
 
-    Chunks of ``pretrain_chunk`` discriminators train at once (vmap); each chunk plays against one
-    throw-away warm-up generator (the authors used one per discriminator), never released.
+    ``pretrain_iters`` counts warm-up GENERATOR iterations, each after ``critic_iters`` critic steps, as the
+    official code (2000 × 5 critic steps for MNIST). Every discriminator plays against its OWN warm-up generator
+    (as the authors', one per D): a generator shared by several discriminators learns from all of them and
+    would carry every partition of the chunk into each D_k, voiding the per-partition sensitivity. Chunks of
+    ``pretrain_chunk`` (D, G) pairs train at once: the discriminators as a :class:`NetStack`, the generators as
+    a :class:`GeneratorStack`. The warm-up generators are thrown away; the critic fakes carry the real batch's
+    labels (official code).
     """
-    steps, chunk, b = int(hp.pretrain_iters), int(hp.pretrain_chunk), int(hp.batch_size)
-    dev = x_all.device
+    iters, critic, chunk, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.pretrain_chunk), int(hp.batch_size)
+    dev, lr, betas, shared = x_all.device, float(hp.lr), tuple(hp.betas), bool(hp.get("shared_init", False))
+
     for lo in range(0, len(disc), chunk):
         members = torch.arange(lo, min(lo + chunk, len(disc)), device=dev)
-        gw = make_gen().to(dev)
-        opt = torch.optim.Adam(gw.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
         m = len(members)
-        for s in range(steps):
-            idx = parts.sample(members, b, g)
-            xr, yr = x_all[idx], y_all[idx]
-            # one fake batch shared by the chunk: the warm-up generator's cost does not grow with M
-            yf = torch.randint(0, num_classes, (b,), generator=g, device=dev)
-            with torch.no_grad():
-                xf = gw(gw.sample_z(b, g, dev), yf)
-            alpha = torch.rand(m, b, generator=g, device=dev)
-            critic_step(disc, disc_forward, members, xr, yr, xf.expand(m, *xf.shape), yf.expand(m, b), alpha,
-                        float(hp.gp_weight), float(hp.drift), float(hp.lr), tuple(hp.betas))
-            if (s + 1) % int(hp.critic_iters) == 0:
-                y = torch.randint(0, num_classes, (b,), generator=g, device=dev)
-                xf = gw(gw.sample_z(b, g, dev), y)
-                opt.zero_grad(set_to_none=True)
-                out = batched_forward(disc, disc_forward, members, xf.expand(m, *xf.shape), y.expand(m, b))
-                (-out.mean()).backward()
-                opt.step()
-        log.info("pre-trained discriminators %d..%d for %d steps", lo, lo + m - 1, steps)
+        gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas, shared_init=shared)
+        n_draw = 1 if shared else m  # with shared_init the members also share z, labels and alpha
+
+        def z_draw() -> torch.Tensor:
+            return gens.sample_z(b, g, n_draw).expand(m, -1, -1)
+
+        for _ in range(iters):
+            for _ in range(critic):
+                idx = parts.sample(members, b, g)
+                xr, yr = x_all[idx], y_all[idx]
+                with torch.no_grad():
+                    xf = gens(z_draw(), yr)
+                alpha = torch.rand(n_draw, b, generator=g, device=dev).expand(m, -1)
+                critic_step(disc, disc_forward, members, xr, yr, xf, yr, alpha, float(hp.gp_weight),
+                            float(hp.drift), lr, betas)
+            y = torch.randint(0, num_classes, (n_draw, b), generator=g, device=dev).expand(m, -1)
+            gens.step(lambda x: -batched_forward(disc, disc_forward, members, x, y).mean(1).sum(), z_draw(), y)
+        log.info("pre-trained discriminators %d..%d: %d warm-up generator iterations x %d critic steps",
+                 lo, lo + m - 1, iters, critic)
 
 
 class IterationBudget:
     """Per-iteration privacy bookkeeping shared by dpac/gswgan and efsgd.
 
-    Sound accounting: one budget guard per number of sanitized paths (one sampled event with
-    ``paths`` Gaussians z/√B at rate 1/K). Paper accounting: stop at the paper analysis' cap,
-    still recording the same sound entries so ``sound_epsilon`` stays truthful.
+    An iteration is one event sampled at rate 1/K holding one Gaussian per sanitised path, each with the
+    multiplier (noise std ÷ ℓ2 sensitivity of that path's B rows) given to :meth:`allows`/:meth:`record`.
+    Sound accounting: one budget guard per kind of iteration (tuple of multipliers). Paper accounting: stop at
+    the paper analysis' cap, still recording the same entries so ``sound_epsilon`` stays truthful.
     """
 
-    def __init__(self, ledger: PrivacyLedger, entry: str, zp: float, k: int, paper_cap: int) -> None:
-        self.ledger, self.entry, self.zp, self.q, self.paper_cap = ledger, entry, zp, 1.0 / k, paper_cap
-        self.guards: dict[int, object] = {}
+    def __init__(self, ledger: PrivacyLedger, entry: str, k: int, paper_cap: int) -> None:
+        self.ledger, self.entry, self.q, self.paper_cap = ledger, entry, 1.0 / k, paper_cap
+        self.guards: dict[tuple[float, ...], object] = {}
 
-    def allows(self, it: int, paths: int) -> bool:
+    def allows(self, it: int, multipliers: tuple[float, ...]) -> bool:
         if self.ledger.accounting != "sound":
             if it >= self.paper_cap:
                 log.info("paper-analysis budget reached after %d generator iterations", it)
                 return False
             return True
-        if paths not in self.guards:
-            self.guards[paths] = self.ledger.budget_guard(self.entry, [self.zp] * paths, "poisson", self.q)
-        if not self.guards[paths].allows():
+        if multipliers not in self.guards:
+            self.guards[multipliers] = self.ledger.budget_guard(self.entry, list(multipliers), "poisson", self.q)
+        if not self.guards[multipliers].allows():
             log.info("privacy budget reached after %d generator iterations", it)
             return False
         return True
 
-    def record(self, paths: int) -> None:
+    def record(self, multipliers: tuple[float, ...]) -> None:
         if self.ledger.accounting == "sound":
-            self.guards[paths].step()
+            self.guards[multipliers].step()
         else:
             with self.ledger.sampled_event(self.entry, "poisson", self.q) as ev:
-                for _ in range(paths):
-                    ev.add_gaussian(self.zp)
+                for z in multipliers:
+                    ev.add_gaussian(z)
 
 
 def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
@@ -214,30 +245,55 @@ def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: to
     for _ in range(int(hp.critic_iters)):
         idx = parts.sample(k, b, g)
         xr, yr = x_all[idx], y_all[idx]
-        xf, _ = fake(b, yr[0])
+        xf, _ = fake(b, yr[0])  # the fakes carry the real batch's labels (official code)
         alpha = torch.rand(1, b, generator=g, device=xr.device)
         loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
                              float(hp.drift), lr, betas)
     return loss_d, xr, yr
 
 
+def refresh_phase(disc: NetStack, parts: "Partitions", it: int, x_all: torch.Tensor, y_all: torch.Tensor,
+                  fake, hp: DictConfig, lr: float, betas: tuple, g: torch.Generator) -> None:
+    """One critic step for ``refresh_chunk`` discriminators (round robin over all K), each on its own partition,
+    against one shared batch of the current G's fakes.
+
+    Not in the papers, where only the sampled D_k trains: with few generator iterations per discriminator (a
+    CPU run) the others go stale. It releases nothing and keeps every D_j on partition j alone, so the
+    per-partition argument and the ledger are unchanged (G is already public post-processing).
+    """
+    k = len(disc)
+    m = min(int(hp.get("refresh_chunk") or 0), k)
+    if m <= 0:
+        return
+    dev, b = x_all.device, int(hp.batch_size)
+    members = (torch.arange(m, device=dev) + it * m) % k
+    idx = parts.sample(members, b, g)
+    xr, yr = x_all[idx], y_all[idx]
+    xf, yf = fake(b)
+    alpha = torch.rand(m, b, generator=g, device=dev)
+    critic_step(disc, disc_forward, members, xr, yr, xf.expand(m, *xf.shape), yf.expand(m, b), alpha,
+                float(hp.gp_weight), float(hp.drift), lr, betas)
+
+
 def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
                      gens: dict[str, torch.Generator]) -> None:
-    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition."""
+    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
+
+    As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
+    and reused by every fake step; each real step draws a fresh batch of partition k.
+    """
     if reset:
         clf.reset(init_fn, sn_init, gens["init"])
     dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
+    fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
 
     def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
         i = parts.sample(k, b, gens["data"])[0]
         return x_all[i], y_all[i]
 
-    def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        return fake(cb, torch.arange(cb, device=dev) % ncls)  # balanced labels
-
-    train_classifier(clf, fake_batch, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                     hp.classifier.order, float(hp.gp_weight), lr, betas)
+    train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                     hp.classifier.order, float(hp.gp_weight), lr, betas, float(hp.drift))
 
 
 class EnsembleSetup:
@@ -250,12 +306,16 @@ class EnsembleSetup:
         self.gens = {"init": run.torch_generator(11), "data": run.torch_generator(12),
                      "noise": run.torch_generator(13), "gen": run.torch_generator(14)}
         self.parts = Partitions(partition_by_record(data.train.x, int(hp.num_discriminators), run.seed), dev)
-        self.make_gen = make_gen
+        # warm-up generators: the plain GS-WGAN architecture (efsgd's noise injection is not needed to warm up D),
+        # optionally narrower than G (pretrain_g_width): K of them cost K x G's forward per critic step
+        warm_width = hp.get("pretrain_g_width")
+        self.make_warmup = partial(ResNetGenerator, ncls, shape, int(hp.z_dim),
+                                   int(hp.g_width if warm_width is None else warm_width))
         self.g_net = make_gen().to(dev)
         self.g_ema = copy.deepcopy(self.g_net)
         self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
         self.disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, int(hp.num_discriminators),
-                             self.gens["init"], dev)
+                             self.gens["init"], dev, shared_init=bool(hp.get("shared_init", False)))
         self.clf_init = partial(clf_init, ncls, shape, int(hp.d_width))
         self.clf = NetStack(self.clf_init, sn_init, 1, self.gens["init"], dev)
 
@@ -272,7 +332,7 @@ class EnsembleSetup:
                 obj.load_state_dict(state[key])
             run.restore_generators(self.gens)
         else:
-            pretrain(self.disc, self.parts, x_all, y_all, self.make_gen, hp, self.gens["data"], ncls)
+            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.gens["data"], ncls)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
@@ -282,6 +342,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     check_hparams(hp, n, tuple(shape))
     K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
     c_start = classifier_start(hp)
+    check_classifier_reuse(hp, ledger, "dpac", c_start)
     betas = tuple(hp.betas)
     base = EnsembleSetup(hp, data, run, partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width)))
     gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
@@ -300,7 +361,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
-    budget = IterationBudget(ledger, ENTRY, zp, K, paper_cap)
+    budget = IterationBudget(ledger, ENTRY, K, paper_cap)
     log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s accounting", K, B, T, z_noise, zp,
              c_start, ledger.accounting)
 
@@ -317,27 +378,28 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     it = run.start_step
     while it < T:
         with_c = c_start is not None and it >= c_start
-        paths = 2 if with_c else 1
+        paths = (zp, zp) if with_c else (zp,)  # D, and C from t_c: noise 2Cz per row, sensitivity 2C per row
         if not budget.allows(it, paths):
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
         loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
                              clf_init_fn, float(hp.lr), betas, gens)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san_d, san_c, float(hp.beta),
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san_d, san_c, float(hp.beta),
                                 B, ncls, gens["gen"])
-        budget.record(paths)  # one sampled event with `paths` Gaussians z/sqrt(B)
-        ema_update(g_ema, g_net, float(hp.ema))
+        budget.record(paths)  # one sampled event with one Gaussian z/sqrt(B) per path
+        ema_update(g_ema, g_net, float(hp.ema), it)
         it += 1
-        run.step_done(it, {"loss_d": float(loss_d.mean()), "loss_g": loss_g}, snapshot, gens)
+        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g}, snapshot, gens)  # tensors: synced at log time
     run.finish(it, snapshot(), gens)
     return g_ema.eval()
 
 
-def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None, k: int,
-                   san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
-                   g: torch.Generator) -> float:
+def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,
+                   k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
+                   g: torch.Generator) -> torch.Tensor:
     """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C(G(z), y) through the sanitisers.
 
     The per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x_i; it clips, adds noise and
@@ -354,4 +416,4 @@ def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: N
     opt_g.zero_grad(set_to_none=True)
     loss.backward()
     opt_g.step()
-    return float(loss.detach()) / b
+    return loss.detach() / b

@@ -46,6 +46,9 @@ def iteration_entries(z: float, k: int, batch: int, iters: int, c_start: int | N
     return out
 
 
-def paper_epsilon_fn(batch: int) -> Callable[[list[LedgerEntry], float], float]:
-    """``ledger.paper_epsilon``: GS-WGAN's count (B compositions per iteration of the first, D, path)."""
-    return dpac_paper_epsilon_fn(batch, entry=ENTRY)
+def paper_epsilon_fn(batch: int, z_scale: float = 1.0) -> Callable[[list[LedgerEntry], float], float]:
+    """``ledger.paper_epsilon``: GS-WGAN's count (B compositions per iteration of the first, D, path).
+
+    ``z_scale`` maps the D path's recorded multiplier back to the paper's z (the entries record DiceSGD's
+    noise ÷ the per-row sensitivity 2·(C1 + C2), see :mod:`dpgen.efsgd.sanitizer`)."""
+    return dpac_paper_epsilon_fn(batch, entry=ENTRY, z_scale=z_scale)

@@ -13,9 +13,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from dpgen.dpac.nets import Params, ResNetGenerator, _features, _trunk_init, feature_dim, pixel_norm
+from dpgen.dpac.nets import Params, ResNetGenerator, _dense, _features, _trunk_init, feature_dim
 
 
 class NoiseInjectionGenerator(ResNetGenerator):
@@ -34,36 +33,16 @@ class NoiseInjectionGenerator(ResNetGenerator):
         return self.z_dim + self.num_classes
 
     def _inject(self, h: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Alg. 1: h + N(0, σ_noise²) on the up-sampled feature map, from the caller's seeded ``generator``."""
         if not self.noise_injection or self.sigma_noise == 0.0:
             return h
         return h + self.sigma_noise * torch.randn(h.shape, generator=generator, device=h.device, dtype=h.dtype)
-
-    def forward_input(self, u: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """G on a ready input vector u = [z, label code] (the encoder path feeds a privatised u)."""
-        h = pixel_norm(F.relu(self.fc(u).view(-1, self.width, 4, 4)))
-        for blk in self.blocks:  # GBlock.forward with the injection after the main-path up-sampling
-            up = F.interpolate(F.relu(pixel_norm(h)), scale_factor=2, mode="nearest")
-            up = self._inject(up, generator)
-            r = blk.conv2(F.relu(pixel_norm(blk.conv1(up))))
-            h = r + blk.skip(F.interpolate(h, scale_factor=2, mode="nearest"))
-        img = torch.sigmoid(self.out(F.relu(pixel_norm(h))))
-        _, hh, ww = self.sample_shape
-        top, left = (32 - hh) // 2, (32 - ww) // 2
-        return img[:, :, top:top + hh, left:left + ww]
-
-    def forward(self, z: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        return self.forward_input(torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1), generator)
-
-    def generate(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        return self(self.sample_z(len(labels), generator, labels.device), labels, generator)
 
 
 def enc_init(shape: list[int], width: int, z_dim: int, g: torch.Generator) -> Params:
     """One encoder: the DCGAN trunk of dpac's D/C and a linear head to the latent mean μ(x) ∈ R^z_dim."""
     p = _trunk_init(shape, width, g)
-    f = feature_dim(shape, width)
-    p["mu.w"] = torch.randn(z_dim, f, generator=g) * (1.0 / f) ** 0.5
-    p["mu.b"] = torch.zeros(z_dim)
+    p.update(_dense("mu", z_dim, feature_dim(shape, width), 1, g))
     return p
 
 

@@ -2,19 +2,32 @@
 
 Per generator iteration each component c ∈ {d (discriminator), c (classifier), e (encoder)} sends
 G the per-sample gradients g ∈ R^{B×d} w.r.t. its generated images. With error feedback the
-released direction is (rows = generated-sample slots, clipping per row as in dpac)::
+released direction is (rows = generated samples, clipping per row as in dpac)::
 
-    v = clip(g, C1) + clip(e, C2)          (Eq. 7)
-    e ← e + g − v                          (Eq. 8–11, one e per component)
-    release = v + N(0, (2·C1·z·sqrt(1 + 2·C2/C1))² I),   then ÷B
+    v_i = clip(g_i, C1) + clip(e[k, y_i], C2)         (Eq. 7)
+    e[k, y] ← e[k, y] + mean_{i: y_i = y} (g_i − v_i)  (Eq. 8–11, one e per component)
+    release = v + N(0, s² I),   then ÷B
 
-The noise factor sqrt(1 + 2·C2/C1) is DiceSGD's (Theorem on the privacy of DiceSGD, ICLR 2024;
-official code ``optimizers_utils.py``: ``sigma·C1·sqrt(1 + 2·C2)`` with C2 given as the ratio
-C2/C1, accounting.md §5). Under that theorem the step costs what an ordinary (subsampled)
-Gaussian step with multiplier z costs, which is what the ledger records. 2·C1 is dpac's per-sample
-sensitivity (changing a record moves D_k/C/E, so a clipped row can move anywhere in the C1-ball).
-``e`` holds raw, unclipped gradient information: it lives only here and in the (private)
-checkpoint, never in generator.pt.
+Keying. The error states are kept per PARTITION k (the sampled discriminator's) and per CLASS y. Per
+partition, because an error state shared by all partitions would carry partition j's unclipped residual
+into the release of an iteration that sampled k, voiding the 1/K sampling of the ledger. Per class, because
+a generated-sample slot holds a different (z, y) at every iteration, so per-slot states would add unrelated
+images' residuals; the residual of class-y samples of D_k is the most stable thing to feed back to class-y
+samples. With several samples of one class the mean residual is added, so e[k, y] ← e − clip(e, C2) + …
+stays a contraction (a sum would feed the clipped error back n times).
+
+Noise std s and its accounting (``noise_rule``):
+
+* ``sensitivity`` (``privacy.accounting=sound``): changing a record of partition k can move both g_i and
+  e[k, y_i], so each released row moves by at most 2·(C1 + C2): s = 2·(C1 + C2)·z, a Gaussian mechanism
+  with multiplier z on the B rows. This is the argument dpac's sound ledger already makes for D_k (a hidden
+  per-partition state bounded by clipping), so it does not rely on DiceSGD's theorem.
+* ``dicesgd`` (``privacy.accounting=paper``, as the paper and DiceSGD's code ``optimizers_utils.py``):
+  s = 2·C1·z·sqrt(1 + 2·C2/C1), charged as a plain Gaussian at z by DiceSGD's theorem (proved for DP-SGD on
+  model parameters). The ledger still records s ÷ (2·(C1 + C2)) so ``sound_epsilon`` stays truthful.
+
+Without error feedback both rules are dpac's: s = 2·C1·z, sensitivity 2·C1. ``e`` holds raw, unclipped
+gradient information: it lives only here and in the (private) checkpoint, never in generator.pt.
 """
 from __future__ import annotations
 
@@ -25,16 +38,31 @@ import torch
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.privacy import clip_rows
 
+NOISE_RULES = ("sensitivity", "dicesgd")
 
-def ef_noise_std(clip: float, clip_error: float, noise_multiplier: float, error_feedback: bool = True) -> float:
-    """Per-coordinate noise std 2·C1·z·sqrt(1 + 2·C2/C1) (DiceSGD), or dpac's 2·C1·z without error feedback."""
-    base = 2.0 * clip * noise_multiplier
-    return base * math.sqrt(1.0 + 2.0 * clip_error / clip) if error_feedback else base
+
+def row_sensitivity(clip: float, clip_error: float, error_feedback: bool = True) -> float:
+    """ℓ2 sensitivity of one released row: 2·(C1 + C2) with error feedback, 2·C1 without."""
+    return 2.0 * (clip + clip_error) if error_feedback else 2.0 * clip
+
+
+def ef_noise_std(clip: float, clip_error: float, noise_multiplier: float, error_feedback: bool = True,
+                 rule: str = "sensitivity") -> float:
+    """Per-coordinate noise std: ``sensitivity`` rule z·row_sensitivity, ``dicesgd`` rule 2·C1·z·sqrt(1 + 2·C2/C1);
+    2·C1·z without error feedback."""
+    if rule not in NOISE_RULES:
+        raise ValueError(f"noise rule must be one of {NOISE_RULES}, got {rule!r}")
+    if not error_feedback:
+        return 2.0 * clip * noise_multiplier
+    if rule == "dicesgd":
+        return 2.0 * clip * noise_multiplier * math.sqrt(1.0 + 2.0 * clip_error / clip)
+    return row_sensitivity(clip, clip_error) * noise_multiplier
 
 
 class ErrorFeedbackSanitizer(Sanitizer):
-    """dpac's :class:`Sanitizer` plus one error state ``error`` [B, ...] and a post-sanitisation weight.
+    """dpac's :class:`Sanitizer` plus error states ``error`` [parts, classes, ...] and a post-sanitisation weight.
 
+    Call it as ``san(x, k, y)``: ``k`` the sampled partition (one-element tensor), ``y`` the rows' labels.
     ``weight`` multiplies the released (clipped + noised) gradient — post-processing, so the loss
     weights of Eq. 15 (λ_c, γ_recon) act on G's update instead of being undone by clipping.
     ``last_clipped`` is clip(g, C1), ``last_error_clipped`` clip(e, C2), ``last_direction`` v,
@@ -42,21 +70,43 @@ class ErrorFeedbackSanitizer(Sanitizer):
     """
 
     def __init__(self, clip: float, noise_multiplier: float, clip_error: float, error_feedback: bool = True,
-                 weight: float = 1.0, generator: torch.Generator | None = None) -> None:
+                 weight: float = 1.0, generator: torch.Generator | None = None, parts: int = 1, classes: int = 1,
+                 rule: str = "sensitivity") -> None:
         super().__init__(clip, noise_multiplier, generator)
         if clip_error < clip:
             raise ValueError(f"error clip C2={clip_error} must be >= C1={clip} (DiceSGD)")
+        ef_noise_std(clip, clip_error, noise_multiplier, error_feedback, rule)  # validates the rule
         self.clip_error, self.error_feedback, self.weight = float(clip_error), bool(error_feedback), float(weight)
+        self.parts, self.classes, self.rule = int(parts), int(classes), rule
         self.error: torch.Tensor | None = None
+        self.key: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_error_clipped: torch.Tensor | None = None
         self.last_direction: torch.Tensor | None = None
 
     @property
     def noise_std(self) -> float:
-        return ef_noise_std(self.clip, self.clip_error, self.noise_multiplier, self.error_feedback)
+        return ef_noise_std(self.clip, self.clip_error, self.noise_multiplier, self.error_feedback, self.rule)
+
+    @property
+    def sensitivity(self) -> float:
+        """ℓ2 sensitivity of one released row."""
+        return row_sensitivity(self.clip, self.clip_error, self.error_feedback)
+
+    @property
+    def accounted_multiplier(self) -> float:
+        """What one released row costs: noise std ÷ its sensitivity (z under the ``sensitivity`` rule)."""
+        return self.noise_std / self.sensitivity
+
+    def __call__(self, x: torch.Tensor, k: torch.Tensor | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Identity forward; the backward is sanitised with the error states of partition ``k``, classes ``y``."""
+        if self.error_feedback and (k is None or y is None):
+            raise ValueError("error feedback needs the sampled partition k and the rows' labels y")
+        self.key = (k, y)
+        return super().__call__(x)
 
     def update(self, g: torch.Tensor) -> torch.Tensor:
-        """v = clip(g, C1) + clip(e, C2); e ← e + g − v. Returns v (no noise). Without error feedback v = clip(g, C1)."""
+        """v = clip(g, C1) + clip(e[k, y], C2); e[k, y] += mean residual. Returns v (no noise).
+        Without error feedback v = clip(g, C1)."""
         g = g.detach()
         self.last_norms = g.flatten(1).norm(dim=1)
         clipped = clip_rows(g, self.clip)
@@ -64,11 +114,17 @@ class ErrorFeedbackSanitizer(Sanitizer):
         if not self.error_feedback:
             self.last_direction = clipped
             return clipped
-        if self.error is None or self.error.shape != g.shape:
-            self.error = torch.zeros_like(g)
-        e_clipped = clip_rows(self.error, self.clip_error)
+        k, y = self.key
+        if self.error is None:
+            self.error = torch.zeros((self.parts, self.classes, *g.shape[1:]), device=g.device, dtype=g.dtype)
+        e_k = self.error.index_select(0, k.reshape(1))[0]  # [classes, ...]
+        e_clipped = clip_rows(e_k[y], self.clip_error)
         v = clipped + e_clipped
-        self.error = self.error + g - v
+        sums = torch.zeros_like(e_k).index_add_(0, y, g - v)
+        counts = torch.zeros(self.classes, device=g.device, dtype=g.dtype).index_add_(
+            0, y, torch.ones(len(y), device=g.device, dtype=g.dtype))
+        e_k = e_k + sums / counts.clamp_min(1.0).reshape(-1, *([1] * (g.dim() - 1)))
+        self.error.index_copy_(0, k.reshape(1), e_k.unsqueeze(0))
         self.last_error_clipped, self.last_direction = e_clipped, v
         return v
 
@@ -82,5 +138,7 @@ class ErrorFeedbackSanitizer(Sanitizer):
     def state_dict(self) -> dict:
         return {"error": self.error}
 
-    def load_state_dict(self, d: dict) -> None:
-        self.error = d.get("error")
+    def load_state_dict(self, d: dict, device: torch.device | None = None) -> None:
+        """Restore the error states (onto ``device``: checkpoints are loaded on the CPU)."""
+        e = d.get("error")
+        self.error = None if e is None else e.to(device if device is not None else e.device)

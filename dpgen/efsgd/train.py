@@ -38,12 +38,14 @@ from dpgen.dpac.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.ensemble import NetStack
 from dpgen.dpac.nets import clf_forward, disc_forward, power_iteration, sn_init
-from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_ensemble_hparams,
-                              classifier_phase, critic_phase, ema_update)
+from dpgen.dpac.nets import onehot
+from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
+                              check_ensemble_hparams, classifier_phase, critic_phase, ema_update,
+                              refresh_phase)
 from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
-from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
+from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std, row_sensitivity
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, clip_rows
 
@@ -56,13 +58,16 @@ EFSGD_NOTE = (
     "and lives only in memory and in the private checkpoint, never in generator.pt."
 )
 EF_NOTE = (
-    "error feedback (DiceSGD, Zhang, Bu, Wu & Hong, ICLR 2024): each path releases "
-    "clip(g, C1) + clip(e, C2) + N(0, (2*C1*z*sqrt(1+2*C2/C1))^2) per generated sample and the ledger records "
-    "it as the plain sampled Gaussian at z, as DiceSGD's privacy theorem and official code do. That theorem "
-    "was proven for DP-SGD on model parameters; dpgen did not re-prove it for per-sample image-gradient error "
-    "states that carry information across sampled partitions (e is not subsampled with the partition), so "
-    "with efsgd.error_feedback=true the sound epsilon rests on that theorem, not on the subsampled-Gaussian "
-    "argument alone."
+    "error feedback (EFSGD Eq. 7-11, DiceSGD): each path releases clip(g, C1) + clip(e[k, y], C2) + noise per "
+    "generated sample, with one error state per partition k and class y, so a state used with partition k holds "
+    "only partition k's residuals. sound: a record of partition k moves a released row by at most 2*(C1+C2), "
+    "the noise std is 2*(C1+C2)*z and the ledger records the Gaussian at z (the same per-partition argument as "
+    "for D_k; DiceSGD's theorem is not needed)."
+)
+EF_PAPER_NOTE = (
+    "error feedback, paper: noise std 2*C1*z*sqrt(1+2*C2/C1) as the paper and DiceSGD's code, whose theorem "
+    "(proved for DP-SGD on model parameters) charges it as the plain Gaussian at z; the ledger's entries "
+    "record std / (2*(C1+C2)), what the per-row sensitivity argument allows, so sound_epsilon stays truthful."
 )
 CODE_NOTE = (
     "reconstruction: G's Jacobian on the reconstruction path is evaluated at the encoder input u(x, y), so u "
@@ -118,7 +123,7 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | Non
 def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, code_clip: float, code_std: float,
                   g: torch.Generator | None) -> torch.Tensor:
     """G's input on the reconstruction path: [μ, onehot(y)], privatised (clip to C_z + Gaussian) unless raw."""
-    u = torch.cat([mu, torch.nn.functional.one_hot(y, ncls).to(mu.dtype)], dim=1)
+    u = torch.cat([mu, onehot(y, ncls, mu.dtype)], dim=1)
     if not private:
         return u
     return clip_rows(u, code_clip) + code_std * torch.randn(u.shape, generator=g, device=u.device, dtype=u.dtype)
@@ -126,7 +131,7 @@ def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, c
 
 def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor, g_net: NoiseInjectionGenerator,
                  ncls: int, private: bool, code_clip: float, code_std: float, kl: float, lr: float,
-                 betas: tuple[float, float], g: torch.Generator) -> float:
+                 betas: tuple[float, float], g: torch.Generator) -> torch.Tensor:
     """One Adam step of E_k on ‖G(u(x, y)) − x‖² + kl·½‖μ‖² (G fixed; its own noise injection on)."""
     p, u = enc.gather(k)
     u = {n: t for n, t in torch.func.vmap(power_iteration)(p, u).items()}
@@ -138,35 +143,37 @@ def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Ten
     loss = (xh - xr).pow(2).flatten(1).sum(1).mean() + kl * 0.5 * mu.pow(2).sum(1).mean()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     enc.adam_step(k, {n: gr.unsqueeze(0) for n, gr in zip(leaves, grads)}, lr, betas)
-    return float(loss.detach())
+    return loss.detach()
 
 
 def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
-                   clf: NetStack | None, k: int, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
-                   g: torch.Generator, recon: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
-    """Eq. 15 through the sanitisers. ``recon`` = (u, x): the (released) encoder input and the real batch.
+                   clf: NetStack | None, k: torch.Tensor, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
+                   g: torch.Generator, recon: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                   ) -> torch.Tensor:
+    """Eq. 15 through the sanitisers. ``recon`` = (u, x, y): the (released) encoder input, the real batch and
+    its labels (which key the reconstruction path's error states). ``k``: the sampled partition.
 
     Per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x̂_i; λ_c and γ_recon are the
     sanitisers' ``weight`` (applied after clipping and noise). D_k and C are detached.
     """
     dev = next(g_net.parameters()).device
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
-    u_in = torch.cat([g_net.sample_z(b, g, dev), torch.nn.functional.one_hot(y, ncls).to(torch.float32)], dim=1)
+    u_in = g_net.input_code(g_net.sample_z(b, g, dev), y)
     if recon is not None:  # one forward (one spectral-norm power iteration) for both batches
         u_in = torch.cat([u_in, recon[0].to(u_in.dtype)])
     out = g_net.forward_input(u_in, g)
     x = out[:b]
     p, u = disc.member(k)
-    loss = -disc_forward(p, u, san["d"](x), y).sum()
+    loss = -disc_forward(p, u, san["d"](x, k, y), y).sum()
     if clf is not None:
         pc, uc = clf.member(0)
-        loss = loss - clf_forward(pc, uc, san["c"](x), y).sum()
+        loss = loss - clf_forward(pc, uc, san["c"](x, k, y), y).sum()
     if recon is not None:
-        loss = loss + (san["e"](out[b:]) - recon[1]).pow(2).sum()
+        loss = loss + (san["e"](out[b:], k, recon[2]) - recon[1]).pow(2).sum()
     opt_g.zero_grad(set_to_none=True)
     loss.backward()
     opt_g.step()
-    return float(loss.detach()) / b
+    return loss.detach() / b
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> NoiseInjectionGenerator:
@@ -176,31 +183,36 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     check_hparams(hp, n, tuple(shape), ledger.accounting)
     K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
     c_start, recon = classifier_start(hp), recon_on(hp)
+    check_classifier_reuse(hp, ledger, "efsgd", c_start)
     private_code = hp.encoder.code == "private"
     betas, lr = tuple(hp.betas), float(hp.lr)
     base = EnsembleSetup(hp, data, run, partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim),
                                                 int(hp.g_width), bool(hp.noise_injection), float(hp.sigma_noise)))
     gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
     disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
-    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev)
+    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev,
+                    shared_init=bool(hp.get("shared_init", False)))
            if recon else None)
 
     state = run.resume_state["state"] if run.resume_state else None
     z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start, recon, private_code)
+    ef, c1, c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
+    rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
+    san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, gens["noise"], K, ncls, rule)
+           for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
+    zp = z_noise / math.sqrt(B)
+    # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
+    zp_ef = ef_noise_std(c1, c2, z_noise, ef, rule) / row_sensitivity(c1, c2, ef) / math.sqrt(B)
     if ledger.accounting == "paper":
-        ledger.paper_epsilon = paper_epsilon_fn(B)
+        ledger.paper_epsilon = paper_epsilon_fn(B, zp / zp_ef if zp_ef > 0 else 1.0)
     notes = [PRETRAIN_NOTE, EFSGD_NOTE]
-    if bool(hp.error_feedback):
-        notes.append(EF_NOTE)
+    if ef:
+        notes.append(EF_NOTE if ledger.accounting == "sound" else EF_PAPER_NOTE)
     if recon:
         notes.append(CODE_NOTE if private_code else RAW_CODE_NOTE)
     for note in notes:
         if note not in ledger.notes:
             ledger.notes.append(note)
-    ef, c1, c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
-    san = {"d": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, 1.0, gens["noise"]),
-           "c": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, float(hp.lambda_c), gens["noise"]),
-           "e": ErrorFeedbackSanitizer(c1, z_noise, c2, ef, float(hp.gamma_recon), gens["noise"])}
     code_clip = float(hp.encoder.code_clip)
     code_std = 2.0 * code_clip * z_noise
     base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
@@ -208,11 +220,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if enc is not None:
             enc.load_state_dict(state["enc"])
         for name, s in san.items():
-            s.load_state_dict(state["errors"][name])
-    zp = z_noise / math.sqrt(B)
+            s.load_state_dict(state["errors"][name], dev)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
-    budget = IterationBudget(ledger, ENTRY, zp, K, paper_cap)
+    budget = IterationBudget(ledger, ENTRY, K, paper_cap)
     log.info("efsgd: K=%d B=%d T=%d z=%.4f (per path %.4f) noise std %.4f, error_feedback=%s C2=%g, "
              "noise_injection=%s (%g), recon=%s (%s code), classifier from %s, %s accounting", K, B, T, z_noise, zp,
              san["d"].noise_std, ef, c2, bool(hp.noise_injection), float(hp.sigma_noise), recon, hp.encoder.code,
@@ -230,14 +241,17 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     run.start(T, desc=f"efsgd eps<={ledger.target_epsilon:g}")
     it = run.start_step
-    loss_e = float("nan")
+    loss_e = torch.full((), float("nan"), device=dev)
     while it < T:
         with_c = c_start is not None and it >= c_start
-        paths = paths_at(it, c_start, recon, private_code)
+        # one Gaussian per path (paths_at counts them): D, C from t_c, reconstruction gradient, released code
+        paths = (zp_ef,) + (zp_ef,) * with_c + ((zp_ef,) + (zp,) * private_code if recon else ())
+        assert len(paths) == paths_at(it, c_start, recon, private_code)
         if not budget.allows(it, paths):
             break
         k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)
         loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, gens["data"])
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, gens["data"])
         recon_batch = None
         if recon:  # E_k on D's last real batch (same samples and labels), then the released code
             x_rec, y_rec = xr[0], yr[0]
@@ -245,19 +259,19 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                 loss_e = encoder_step(enc, k, x_rec, y_rec, g_net, ncls, private_code, code_clip, code_std,
                                       float(hp.encoder.kl_weight), lr, betas, gens["gen"])
             with torch.no_grad():
-                pe, ue = enc.member(int(k))
+                pe, ue = enc.member(k)
                 code = encoder_input(enc_forward(pe, ue, x_rec), y_rec, ncls, private_code, code_clip, code_std,
                                      gens["noise"])
-            recon_batch = (code, x_rec)
+            recon_batch = (code, x_rec, y_rec)
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
                              clf_init_fn, lr, betas, gens)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, int(k), san, B, ncls, gens["gen"],
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san, B, ncls, gens["gen"],
                                 recon_batch)
         budget.record(paths)
-        ema_update(g_ema, g_net, float(hp.ema))
+        ema_update(g_ema, g_net, float(hp.ema), it)
         it += 1
-        scalars = {"loss_d": float(loss_d.mean()), "loss_g": loss_g}
+        scalars = {"loss_d": loss_d.mean(), "loss_g": loss_g}  # tensors: Run syncs them at log time only
         if recon:
             scalars["loss_e"] = loss_e
         run.step_done(it, scalars, snapshot, gens)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from dpgen.core.checks import CheckContext, check_batch_le_n, check_betas, check_max_image_size, nested, spec
+from dpgen.errors import DpgenError
 
 
 @dataclass
@@ -31,6 +32,9 @@ class EnsembleHparams:
     critic_iters: int = spec(ge=1)
     pretrain_iters: int = spec(ge=0)
     pretrain_chunk: int = spec(ge=1)
+    pretrain_g_width: Optional[int] = spec(ge=1)  # throw-away warm-up generators' width (null: g_width)
+    refresh_chunk: int = spec(ge=0)             # extra critic steps of unsampled D_j on partition j (not in the papers)
+    shared_init: bool = spec()                  # one data-independent initial draw for every D (not in the papers)
     gp_weight: float = spec(ge=0.0)
     drift: float = spec(ge=0.0)
     lr: float = spec(gt=0.0)
@@ -48,6 +52,24 @@ class EnsembleHparams:
         check_max_image_size(ctx, 32, str(ctx.cfg.method.name))
         check_betas(node, key)
         check_batch_le_n(node, key, ctx, "num_discriminators")
+        check_classifier_reuse(node, key, ctx)
+
+
+def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
+    """``classifier.reinit=false`` carries earlier partitions into C: refused under sound accounting (before any
+    run directory exists; dpgen.dpac.train.check_classifier_reuse repeats it at training time)."""
+    from dpgen.privacy.ledger import parse_epsilon
+
+    clf = node.get("classifier")
+    if clf is None or not bool(clf.enabled) or bool(clf.reinit) or ctx.cfg.privacy.accounting != "sound":
+        return
+    try:
+        if parse_epsilon(ctx.cfg.eps) == float("inf"):
+            return
+    except Exception:  # a bad eps has its own one-line error
+        return
+    raise DpgenError(f"{key}.classifier.reinit=false carries earlier partitions into C, which the sound ledger "
+                     f"cannot charge at rate 1/K; use {key}.classifier.reinit=true or privacy.accounting=paper")
 
 
 @dataclass
