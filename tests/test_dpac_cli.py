@@ -28,7 +28,7 @@ def _check_run(run_dir, name: str, accounting: str = "sound") -> dict:
     assert sum(e["count"] for e in privacy["entries"]) == 4
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["method"] == name
-    assert 0 <= metrics["g2r"]["cnn"]["accuracy"] <= 1 and 0 <= metrics["r2g"]["accuracy"] <= 1
+    _check_accuracies(metrics)
     return privacy
 
 
@@ -56,3 +56,17 @@ def test_bad_beta_is_a_one_line_error(tmp_path):
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "dpac.beta" in lines[0], res.stderr[-2000:]
+
+
+def _check_accuracies(metrics: dict) -> None:
+    """Accuracies are counts over their evaluation sets (not just numbers in [0, 1]): g2r over digits' test
+    split, r2g over the synthetic samples; the g2r classifier trained on the synthetic train/val split."""
+    from dpgen.data import load_dataset
+
+    n_test = len(load_dataset("digits").test)
+    cnn = metrics["g2r"]["cnn"]
+    assert cnn["num_train"] + cnn["num_val"] == metrics["num_synthetic"]
+    assert cnn["accuracy"] * n_test == pytest.approx(round(cnn["accuracy"] * n_test), abs=1e-6), cnn
+    if metrics.get("r2g") is not None:
+        r2g, n = metrics["r2g"]["accuracy"], metrics["num_synthetic"]
+        assert r2g * n == pytest.approx(round(r2g * n), abs=1e-6), metrics["r2g"]
