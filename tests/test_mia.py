@@ -61,8 +61,8 @@ def test_audit_script_end_to_end_on_digits(tmp_path):
     assert [r["name"] for r in report["runs"]] == ["plain", "eps=5"]
     dp = report["runs"][1]
     assert dp["valid_dp_guarantee"] is True and dp["epsilon"] <= 5.0
-    for r in report["runs"]:  # an AUC over 16 members x 16 held-out records (ties count 1/2): a multiple of 1/512
-        assert r["auc"] * 512 == pytest.approx(round(r["auc"] * 512), abs=1e-6) and r["member_dist_mean"] > 0, r
+    for r in report["runs"]:  # an AUC over 16 x 16 pairs (ties count 1/2): a multiple of 1/512, rounded to 4 decimals
+        assert r["auc"] * 512 == pytest.approx(round(r["auc"] * 512), abs=0.03) and r["member_dist_mean"] > 0, r
     assert "MIA AUC dpaf/digits 16 members" in res.stdout
 
 
