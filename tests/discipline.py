@@ -6,7 +6,7 @@ that issued it (the innermost ``dpgen`` frame of the Python stack):
 
 * ``generator-without-device``: a random factory (``torch.randn``, ``rand``, ``randint``, ``randperm``,
   ``normal`` with a size) given ``generator=`` but no ``device=``. It makes a CPU tensor, so a CUDA
-  generator (``Run.torch_generator`` on ``device=cuda``) raises "Expected a 'cpu' device type for
+  generator (``Run.rng``/``Run.secret_rng`` on ``device=cuda``) raises "Expected a 'cpu' device type for
   generator". Checked everywhere (setup too).
 * ``factory-without-device``: a tensor factory (``zeros``, ``ones``, ``full``, ``arange``, ``tensor``,
   ``from_numpy``, ...) without ``device=`` inside a training step: on CUDA a host tensor, copied every step.
@@ -27,7 +27,8 @@ are CPU tensors by design, whatever the parameters' device).
 
 Everything runs on the CPU, so the harness tracks which tensors a CUDA run would keep on the host: results
 of ``.cpu()``, of factories without ``device=`` and of draws from a CPU generator (``torch.Generator()``,
-not ``Run.torch_generator``) inside a step become :class:`Host` tensors, and reading them back is no sync.
+not a run stream or a secret generator) inside a step become :class:`Host` tensors, and reading them back is
+no sync.
 Checkpoint tensors of a resumed run become :class:`Restored` ones: a stand-in for "still on the
 checkpoint's device" until ``.to(device)`` or a copy into a device tensor places them.
 
@@ -250,7 +251,10 @@ class _Recorder:
         self.run_generators: list[torch.Generator] = []
 
     def is_run_generator(self, g: torch.Generator) -> bool:
-        return any(g is r for r in self.run_generators)
+        from dpgen.privacy.randomness import SecretGenerator
+
+        # secret generators live on the run's device (the run's secret streams and their forks)
+        return isinstance(g, SecretGenerator) or any(g is r for r in self.run_generators)
 
     def add(self, kind: str, op: str, in_step_only: bool, direct_only: bool) -> bool:
         """Record a violation of ``kind`` by the operation being handled; True if dpgen issued it itself."""
@@ -348,10 +352,10 @@ def _run_hooks(rec: _Recorder) -> Iterator[None]:
     import dpgen.core.run as run_mod
     from dpgen.core.run import Run
 
-    orig_start, orig_gen, orig_close = Run.start, Run.torch_generator, Run.close
+    orig_start, orig_rng, orig_close = Run.start, Run.rng, Run.close
 
-    def torch_generator(self, *a, **k):
-        g = orig_gen(self, *a, **k)
+    def rng(self, *a, **k):
+        g = orig_rng(self, *a, **k)
         rec.run_generators.append(g)  # on the run's device: draws from it need device=
         return g
 
@@ -382,7 +386,7 @@ def _run_hooks(rec: _Recorder) -> Iterator[None]:
 
     patches = [mock.patch.object(run_mod, "atomic_save", save)] + [
         mock.patch.object(Run, name, fn) for name, fn in (("start", start), ("step_done", step_done), ("finish", finish),
-                                                          ("close", close), ("torch_generator", torch_generator))]
+                                                          ("close", close), ("rng", rng))]
     with ExitStack() as stack:
         for p in patches:
             stack.enter_context(p)

@@ -162,6 +162,30 @@ def test_corrupt_checkpoint_is_rejected_and_left_untouched(trained_run, tmp_path
     assert after == before, "nothing already written may change"
 
 
+def test_a_run_from_before_secret_randomness_is_not_resumed(trained_run, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose noise streams came from the public seed (before issue 23) and its config without the new
+    privacy keys: refused in one line, nothing written (the run it would continue has no DP guarantee)."""
+    import shutil
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
+    copy = tmp_path / "old"
+    shutil.copytree(trained_run, copy)
+    ckpt_path = copy / "checkpoints" / "last.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["generators"] = ckpt.pop("streams")["secret"]  # the old layout
+    torch.save(ckpt, ckpt_path)
+    cfg = copy / ".hydra" / "config.yaml"
+    cfg.write_text("\n".join(ln for ln in cfg.read_text().splitlines()
+                             if not ln.strip().startswith(("noise_seed:", "secure_noise:"))) + "\n")
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    code, _, err = call(capsys, "train", *TINY, f"resume={copy}")
+    assert "predates secret randomness" in one_error(code, err)
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
 def test_multirun_sweep_writes_one_run_per_combination(tmp_path):
     sweep = tmp_path / "sweep"
     res = run_script("train.py", "-m", *TINY, *NO_REAL_CLASSIFIER, "dpgan.iters=4", "eps=1,10",

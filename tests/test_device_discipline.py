@@ -125,7 +125,7 @@ def _line(marker: str) -> str:
 
 def _toy(run, variant: str) -> None:
     """Three steps of a toy loop; ``variant`` picks what each step does wrong (or right)."""
-    dev, g = run.device, run.torch_generator(1)
+    dev, g = run.device, run.rng("toy")
     host_g = torch.Generator().manual_seed(0)  # a CPU generator on purpose
     w = torch.zeros(3, device=dev)
     if variant == "bad":

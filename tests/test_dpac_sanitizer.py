@@ -16,6 +16,7 @@ from dpgen.dpac.nets import ResNetGenerator, clf_init, disc_init, sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.dpac.train import generator_step
 from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.randomness import secret_generator
 
 from conftest import in_memory_run
 
@@ -24,7 +25,7 @@ SHAPE = [1, 28, 28]
 
 def test_each_per_sample_gradient_is_clipped_before_noise():
     clip, b = 0.5, 6
-    san = Sanitizer(clip, 0.0)
+    san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=0))
     x = torch.randn(b, *SHAPE, requires_grad=True)
     scale = torch.arange(1, b + 1, dtype=torch.float32).view(-1, 1, 1, 1) * 10.0
     (san(x) * scale).sum().backward()  # raw per-sample gradient: scale_i * ones, norms 280*i >> clip
@@ -36,7 +37,7 @@ def test_each_per_sample_gradient_is_clipped_before_noise():
 
 
 def test_small_gradients_pass_unchanged_without_noise():
-    san = Sanitizer(10.0, 0.0)
+    san = Sanitizer(10.0, 0.0, secret_generator("cpu", seed=0))
     x = torch.randn(4, *SHAPE, requires_grad=True)
     (san(x) * 1e-3).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 1e-3 / 4))
@@ -44,7 +45,7 @@ def test_small_gradients_pass_unchanged_without_noise():
 
 def test_noise_std_is_two_c_z():
     clip, z = 1.5, 1.07
-    san = Sanitizer(clip, z, torch.Generator().manual_seed(0))
+    san = Sanitizer(clip, z, secret_generator("cpu", seed=0))
     x = torch.randn(64, *SHAPE, requires_grad=True)
     (san(x) * 0.0).sum().backward()  # zero raw gradient: what reaches x is pure noise / B
     noise = x.grad * 64
@@ -58,12 +59,12 @@ def test_generator_update_depends_on_data_only_through_the_sanitised_release(wit
     torch.manual_seed(0)
     g_net = ResNetGenerator(10, SHAPE, z_dim=10, width=8)
     opt = torch.optim.SGD(g_net.parameters(), lr=0.0)
-    gi = torch.Generator().manual_seed(1)
+    gi = secret_generator("cpu", seed=1)
     disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
     clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu")) if with_classifier else None
-    san_d = Sanitizer(1e-3, 0.7, torch.Generator().manual_seed(2))
-    san_c = Sanitizer(1e-3, 0.7, torch.Generator().manual_seed(3))
-    g = torch.Generator().manual_seed(4)
+    san_d = Sanitizer(1e-3, 0.7, secret_generator("cpu", seed=2))
+    san_c = Sanitizer(1e-3, 0.7, secret_generator("cpu", seed=3))
+    g = secret_generator("cpu", seed=4)
     state = g.get_state()
     generator_step(g_net, opt, disc, clf, 1, san_d, san_c, 0.8, 8, 10, g)
     grads = [p.grad.clone() for p in g_net.parameters()]

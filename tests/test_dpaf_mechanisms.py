@@ -11,6 +11,7 @@ from torch import nn
 from dpgen.dpaf.mechanisms import CompressedDPOptimizer, compress_top, dpagg, schedule, split_group
 from dpgen.dpaf.nets import DpafNet, resolve_layers, sin
 from dpgen.errors import DpgenError
+from dpgen.privacy.randomness import secret_generator
 
 
 def test_sin_gives_each_map_norm_p_and_constant_maps_zero():
@@ -45,13 +46,13 @@ def test_dpagg_noise_std_and_scale():
     # 64·32·32 = 65536 noise draws: the sample std is within ±0.3% (one standard error) of the true std, so a
     # 3% tolerance is ten standard errors wide yet far from a halved (or doubled) sigma
     sens = math.sqrt(64) * 32
-    feats = torch.randn(3, 64, 32, 32, generator=torch.Generator().manual_seed(1))
-    out = dpagg(feats, sensitivity=sens, noise_multiplier=2.0, scale=4.0, generator=torch.Generator().manual_seed(0))
+    feats = torch.randn(3, 64, 32, 32, generator=secret_generator("cpu", seed=1))
+    out = dpagg(feats, sensitivity=sens, noise_multiplier=2.0, scale=4.0, generator=secret_generator("cpu", seed=0))
     assert out.shape == (1, 64, 32, 32)
     noise = out * 4 - feats.sum(0, keepdim=True)
     assert noise.std().item() == pytest.approx(2.0 * sens, rel=0.03)
     assert abs(noise.mean().item()) < 0.03 * 2.0 * sens
-    ones = dpagg(torch.ones(3, 2, 2, 2), 1.0, 1e-9, 3.0)
+    ones = dpagg(torch.ones(3, 2, 2, 2), 1.0, 1e-9, 3.0, secret_generator("cpu", seed=0))
     torch.testing.assert_close(ones, torch.ones(1, 2, 2, 2))
 
 
@@ -73,7 +74,7 @@ def _dp_linear(sigma: float, clip: float, keep: float):
     gsm = GradSampleModule(lin, loss_reduction="sum")
     opt = CompressedDPOptimizer(torch.optim.SGD(lin.parameters(), lr=1.0), noise_multiplier=sigma,
                                 max_grad_norm=clip, expected_batch_size=6, loss_reduction="sum",
-                                generator=torch.Generator().manual_seed(0), keep=keep)
+                                generator=secret_generator("cpu", seed=0), keep=keep)
     return lin, gsm, opt
 
 
@@ -117,7 +118,7 @@ def test_asymmetric_schedule_matches_fig7():
 
 def test_group_split_is_disjoint_and_complete():
     idx = torch.arange(0, 100, 3)
-    subs = split_group(idx, 8, torch.Generator().manual_seed(0))
+    subs = split_group(idx, 8, secret_generator("cpu", seed=0))
     assert len(subs) == 8
     allv = torch.cat(subs)
     assert sorted(allv.tolist()) == idx.tolist()

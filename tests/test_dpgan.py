@@ -7,12 +7,13 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
 
 from dpgen.data.base import ImageDataset, Split
 from dpgen.dpgan.train import discriminator_step, poisson_batch
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.optimizer import DPSGDOptimizer
+from dpgen.privacy.randomness import secret_generator
 
 from conftest import in_memory_run
 
@@ -20,8 +21,8 @@ from conftest import in_memory_run
 def _private_d(sigma: float, clip: float, batch: int, seed: int = 0):
     torch.manual_seed(seed)
     d = GradSampleModule(ProjectionDiscriminator(10, [1, 28, 28], width=4), loss_reduction="sum")
-    opt = DPOptimizer(torch.optim.SGD(d.parameters(), lr=1.0), noise_multiplier=sigma, max_grad_norm=clip,
-                      expected_batch_size=batch, loss_reduction="sum", generator=torch.Generator().manual_seed(seed))
+    opt = DPSGDOptimizer(torch.optim.SGD(d.parameters(), lr=1.0), noise_multiplier=sigma, max_grad_norm=clip,
+                         expected_batch_size=batch, loss_reduction="sum", generator=secret_generator("cpu", seed=seed))
     return d, opt
 
 
@@ -76,7 +77,7 @@ def test_noise_std_is_sigma_times_clip():
 
 
 def test_poisson_batch_rate():
-    g = torch.Generator().manual_seed(0)
+    g = secret_generator("cpu", seed=0)
     sizes = [len(poisson_batch(10_000, 0.02, g, torch.device("cpu"))) for _ in range(50)]
     assert np.mean(sizes) == pytest.approx(200, rel=0.05)
     assert len(set(sizes)) > 5, "Poisson batches must have random sizes"

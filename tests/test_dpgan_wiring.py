@@ -1,9 +1,9 @@
 """dpgan's training loop passes the mechanism what the ledger records (issue 18).
 
-The mechanism tests in test_dpgan.py build their own DPOptimizer, so they test opacus. These spy on
-the DPOptimizer, the noise draw and the Poisson sampler that ``dpgen.dpgan.train`` itself uses, and
-compare every value with the ledger entry of the same run: halving σ, scaling the clip, removing the
-budget guard or replacing the Poisson batch each fail a test here.
+The mechanism tests in test_dpgan.py build their own optimizer. These spy on the DP-SGD optimizer, the
+noise draw and the Poisson sampler that ``dpgen.dpgan.train`` itself uses, and compare every value with the
+ledger entry of the same run: halving σ, scaling the clip, removing the budget guard, replacing the Poisson
+batch or drawing the noise or the batch from a public stream each fail a test here.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from opacus.optimizers import optimizer as opacus_optimizer
-
+import dpgen.privacy.optimizer as dp_optimizer
 from dpgen.data.base import ImageDataset, Split
 from dpgen.privacy import LedgerEntry, calibrate_steps
+from dpgen.privacy.randomness import SecretGenerator
 
 from tiny import compose_cfg, train_in_memory
 
@@ -29,12 +29,13 @@ class Spy:
     def __init__(self, monkeypatch):
         self.optimizers: list[dict] = []
         self.noise_stds: list[float] = []
+        self.secret: list[bool] = []  # per noise draw and per Poisson batch: was the stream secret?
         self.batches: list[tuple[int, float, int]] = []  # (n, q, size) per poisson_batch call
         self.real_rows: list[int] = []  # rows of real data per discriminator step
         self.clipped_norms: list[float] = []
         spy = self
 
-        class SpyOptimizer(tr.DPOptimizer):
+        class SpyOptimizer(tr.DPSGDOptimizer):
             def __init__(self, *a, **k):
                 super().__init__(*a, **k)
                 spy.optimizers.append({"noise_multiplier": self.noise_multiplier, "clip": self.max_grad_norm,
@@ -47,25 +48,27 @@ class Spy:
                 spy.clipped_norms.append(float((per_sample * factor[:, None]).norm(dim=1).max()))
                 super().clip_and_accumulate()
 
-        real_generate = opacus_optimizer._generate_noise
+        real_noise = dp_optimizer.gaussian_noise
 
-        def generate_noise(std, reference, generator=None, secure_mode=False):
+        def gaussian_noise(shape, std, generator, **kw):
             spy.noise_stds.append(float(std))
-            return real_generate(std, reference, generator, secure_mode)
+            spy.secret.append(isinstance(generator, SecretGenerator))
+            return real_noise(shape, std, generator, **kw)
 
         real_batch, real_step = tr.poisson_batch, tr.discriminator_step
 
         def poisson_batch(n, q, generator, device):
             idx = real_batch(n, q, generator, device)
             spy.batches.append((n, q, len(idx)))
+            spy.secret.append(isinstance(generator, SecretGenerator))
             return idx
 
         def discriminator_step(d_net, opt_d, x_real, y_real, x_fake, y_fake):
             spy.real_rows.append(len(x_real))
             return real_step(d_net, opt_d, x_real, y_real, x_fake, y_fake)
 
-        monkeypatch.setattr(tr, "DPOptimizer", SpyOptimizer)
-        monkeypatch.setattr(opacus_optimizer, "_generate_noise", generate_noise)
+        monkeypatch.setattr(tr, "DPSGDOptimizer", SpyOptimizer)
+        monkeypatch.setattr(dp_optimizer, "gaussian_noise", gaussian_noise)
         monkeypatch.setattr(tr, "poisson_batch", poisson_batch)
         monkeypatch.setattr(tr, "discriminator_step", discriminator_step)
 
@@ -92,6 +95,8 @@ def test_sigma_clip_and_poisson_batch_match_the_ledger(tmp_path, monkeypatch):
     assert [b[2] for b in spy.batches] == spy.real_rows
     assert len(set(spy.real_rows)) > 1, "Poisson batches have random sizes"
     assert opt["expected_batch_size"] == int(hp.batch_size)
+    # randomness: every noise draw and every Poisson batch came from a secret stream
+    assert len(spy.secret) == len(spy.noise_stds) + len(spy.batches) and all(spy.secret)
 
 
 def test_budget_guard_stops_exactly_at_the_limit(tmp_path):
@@ -125,7 +130,7 @@ def test_generator_depends_on_data_only_through_dp_sgd(tmp_path, monkeypatch):
             p.grad_sample = None
         return True
 
-    monkeypatch.setattr(tr.DPOptimizer, "pre_step", fixed_release)
+    monkeypatch.setattr(tr.DPSGDOptimizer, "pre_step", fixed_release)
     from dpgen.data import load_dataset
 
     gen_a, _, _ = train_in_memory("dpgan", tmp_path / "a", eps=10)

@@ -18,6 +18,7 @@ from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std
 from dpgen.efsgd.train import encoder_input, generator_step
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
 from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy.randomness import secret_generator
 
 from conftest import in_memory_run
 from test_dpac_sanitizer import TINY_HP as DPAC_TINY_HP
@@ -37,7 +38,7 @@ def _keyed(san: ErrorFeedbackSanitizer, rows: int, k: int = 0) -> ErrorFeedbackS
 
 def test_error_update_and_clipping_of_e():
     c1, c2 = 1.0, 2.0
-    san = ErrorFeedbackSanitizer(c1, 0.0, c2, parts=3, classes=2)
+    san = ErrorFeedbackSanitizer(c1, 0.0, c2, generator=secret_generator("cpu", seed=0), parts=3, classes=2)
     g1 = _rows(5.0, 0.5)
     v1 = _keyed(san, 2, k=1).update(g1)
     torch.testing.assert_close(v1, _rows(1.0, 0.5))  # e starts at 0: v = clip(g, C1)
@@ -58,7 +59,7 @@ def test_error_update_and_clipping_of_e():
 
 
 def test_rows_of_one_class_share_a_state_and_add_their_mean_residual():
-    san = ErrorFeedbackSanitizer(1.0, 0.0, 10.0, parts=1, classes=3)
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 10.0, generator=secret_generator("cpu", seed=0), parts=1, classes=3)
     san.key = (torch.tensor([0]), torch.tensor([2, 2, 0]))
     san.update(_rows(3.0, 5.0, 1.0))  # class 2: residuals 2 and 4 -> mean 3; class 0: none
     torch.testing.assert_close(san.error[0, 2], _rows(3.0)[0])
@@ -70,7 +71,7 @@ def test_rows_of_one_class_share_a_state_and_add_their_mean_residual():
 
 
 def test_without_error_feedback_it_is_dpacs_clip():
-    san = ErrorFeedbackSanitizer(1.0, 0.0, 3.0, error_feedback=False)
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 3.0, error_feedback=False, generator=secret_generator("cpu", seed=0))
     for _ in range(2):
         torch.testing.assert_close(_keyed(san, 2).update(_rows(5.0, 0.5)), _rows(1.0, 0.5))
     assert san.error is None
@@ -78,14 +79,14 @@ def test_without_error_feedback_it_is_dpacs_clip():
 
 def test_error_clip_below_c1_is_rejected():
     with pytest.raises(ValueError, match="C2"):
-        ErrorFeedbackSanitizer(1.0, 1.0, 0.5)
+        ErrorFeedbackSanitizer(1.0, 1.0, 0.5, generator=secret_generator("cpu", seed=0))
 
 
 @pytest.mark.parametrize("rule", ["sensitivity", "dicesgd"])
 @pytest.mark.parametrize("ef", [True, False])
 def test_noise_std_follows_the_rule(ef, rule):
     c1, c2, z, b = 0.5, 1.5, 1.3, 64
-    san = ErrorFeedbackSanitizer(c1, z, c2, ef, generator=torch.Generator().manual_seed(0), parts=2, classes=b,
+    san = ErrorFeedbackSanitizer(c1, z, c2, ef, generator=secret_generator("cpu", seed=0), parts=2, classes=b,
                                  rule=rule)
     x = torch.randn(b, *SHAPE, requires_grad=True)
     (san(x, torch.tensor([1]), torch.arange(b)) * 0.0).sum().backward()  # zero gradient and error: pure noise / B
@@ -105,7 +106,7 @@ def test_noise_std_follows_the_rule(ef, rule):
 
 
 def test_weight_scales_the_sanitised_release_only():
-    san = ErrorFeedbackSanitizer(1.0, 0.0, 1.0, weight=0.25, classes=3)
+    san = ErrorFeedbackSanitizer(1.0, 0.0, 1.0, weight=0.25, generator=secret_generator("cpu", seed=0), classes=3)
     x = torch.randn(3, 4, requires_grad=True)
     (san(x, torch.tensor([0]), torch.arange(3)) * 100.0).sum().backward()  # raw rows of norm 200 >> C1
     torch.testing.assert_close(x.grad, san.last_direction * 0.25 / 3)
@@ -117,16 +118,16 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
     b, c1, c2 = 8, 1e-3, 2e-3
     g_net = NoiseInjectionGenerator(10, SHAPE, z_dim=10, width=8, noise_injection=True, sigma_noise=0.1)
     opt = torch.optim.SGD(g_net.parameters(), lr=0.0)
-    gi = torch.Generator().manual_seed(1)
+    gi = secret_generator("cpu", seed=1)
     disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
     clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu"))
-    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, torch.Generator().manual_seed(2 + i), parts=3, classes=10)
+    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, secret_generator("cpu", seed=2 + i), parts=3, classes=10)
            for i, (k, w) in enumerate([("d", 1.0), ("c", 0.25), ("e", 1.0)])}
     for s in san.values():
         s.error = torch.randn(3, 10, *SHAPE)  # non-trivial error states, so clip(e, C2) is active too
     xr = torch.rand(b, *SHAPE)
-    code = encoder_input(torch.randn(b, 10), torch.arange(b) % 10, 10, True, 1.0, 0.5, torch.Generator().manual_seed(9))
-    g = torch.Generator().manual_seed(4)
+    code = encoder_input(torch.randn(b, 10), torch.arange(b) % 10, 10, True, 1.0, 0.5, secret_generator("cpu", seed=9))
+    g = secret_generator("cpu", seed=4)
     state = g.get_state()
     generator_step(g_net, opt, disc, clf, torch.tensor([1]), san, b, 10, g, (code, xr, torch.arange(b) % 10))
     grads = [p.grad.clone() for p in g_net.parameters()]
@@ -151,9 +152,9 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
 
 def test_encoder_code_is_clipped_and_noised():
     mu = torch.randn(16, 10) * 50
-    u = encoder_input(mu, torch.arange(16) % 10, 10, True, 1.0, 0.0, None)
+    u = encoder_input(mu, torch.arange(16) % 10, 10, True, 1.0, 0.0, secret_generator("cpu", seed=0))
     assert (u.norm(dim=1) <= 1.0 + 1e-5).all()
-    raw = encoder_input(mu, torch.arange(16) % 10, 10, False, 1.0, 3.0, None)
+    raw = encoder_input(mu, torch.arange(16) % 10, 10, False, 1.0, 3.0, secret_generator("cpu", seed=0))
     torch.testing.assert_close(raw[:, :10], mu)
 
 

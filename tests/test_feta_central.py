@@ -11,10 +11,11 @@ import dpgen.feta.central as central
 from dpgen.errors import DpgenError
 from dpgen.feta.central import mode_from_histogram, official_post, query_central, shrink_size
 from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.randomness import secret_generator
 
 
 def _data(n: int = 400, k: int = 4, size: int = 28, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
+    g = secret_generator("cpu", seed=seed)
     return torch.rand(n, 1, size, size, generator=g), torch.arange(n) % k
 
 
@@ -40,7 +41,7 @@ def test_shrink_sizes_follow_the_official_code():
 def test_official_images_shape_range_and_8bit_grid(kind):
     x, y = _data()
     imgs, labels = query_central(kind, x, y, 4, num_images=6, q=0.5, sigma=2.0, ledger=PrivacyLedger(1e-5),
-                                 generator=torch.Generator().manual_seed(0))
+                                 generator=secret_generator("cpu", seed=0))
     assert imgs.shape == (6, 1, 28, 28) and labels.tolist() == [0, 1, 2, 3, 0, 1]
     assert imgs.min() >= 0 and imgs.max() <= 1
     torch.testing.assert_close(imgs * 255, (imgs * 255).round(), rtol=0, atol=1e-4)  # uint8 images, as official
@@ -52,7 +53,7 @@ def test_official_mean_noise_is_added_at_14x14_with_sensitivity_c_over_b_star(mo
     sigma, q = 4.0, 0.5
     b_star = q * 300 / 3
     query_central("mean", x, y, 3, num_images=3, q=q, sigma=sigma, ledger=PrivacyLedger(1e-5),
-                  generator=torch.Generator().manual_seed(0))
+                  generator=secret_generator("cpu", seed=0))
     (call,) = spy.calls
     assert call["shape"][-3:] == (1, 14, 14), "the query runs on the shrunk images"
     assert call["sensitivity"] == pytest.approx(14.0) and call["noise_multiplier"] == sigma  # C_c = sqrt(14*14)
@@ -66,7 +67,7 @@ def test_official_mode_noise_is_added_at_14x14_with_sensitivity_sqrt_whc(monkeyp
     spy = _SpyRelease(monkeypatch)
     x, y = _data(n=300, k=3)
     query_central("mode", x, y, 3, num_images=3, q=0.5, sigma=2.0, ledger=PrivacyLedger(1e-5),
-                  generator=torch.Generator().manual_seed(0))
+                  generator=secret_generator("cpu", seed=0))
     (call,) = spy.calls
     assert call["shape"] == (1, 3, 1, 14, 14, 2)  # one stacked row: K classes x 14x14 pixels x 2 bins
     assert call["sensitivity"] == pytest.approx(math.sqrt(14 * 14))  # Theorem 3.3 at the query resolution
@@ -81,7 +82,7 @@ def test_official_post_processing_costs_the_same_as_the_paper_query(kind):
     for post in ("official", "paper"):
         ledger = PrivacyLedger(1e-5)
         query_central(kind, x, y, 4, num_images=9, q=0.25, sigma=3.0, ledger=ledger,
-                      generator=torch.Generator().manual_seed(0), post=post)
+                      generator=secret_generator("cpu", seed=0), post=post)
         entries[post] = [e.to_dict() for e in ledger.entries]
     assert entries["official"] == entries["paper"]
     assert [(e["sampling_rate"], e["count"], e["noise_multipliers"]) for e in entries["paper"]] == [(0.25, 3, [3.0])]
@@ -103,7 +104,7 @@ def test_official_noise_std_per_pixel_halves():
         central.noisy_class_means = spy
         try:
             query_central("mean", x, y, 10, num_images=10, q=1.0, sigma=5.0, ledger=PrivacyLedger(1e-5),
-                          generator=torch.Generator().manual_seed(1), post=post)
+                          generator=secret_generator("cpu", seed=1), post=post)
         finally:
             central.noisy_class_means = orig
         std[post] = spy_out[0].std().item()
@@ -126,7 +127,7 @@ def test_official_mode_background_is_black():
     out = {}
     for post in ("official", "paper"):
         out[post], _ = query_central("mode", x, y, 2, num_images=2, q=1.0, sigma=1e-6, ledger=PrivacyLedger(1e-5),
-                                     generator=torch.Generator().manual_seed(0), post=post)
+                                     generator=secret_generator("cpu", seed=0), post=post)
     assert out["official"].abs().max() == 0
     torch.testing.assert_close(out["paper"], torch.full_like(out["paper"], 0.25))
 
@@ -144,7 +145,7 @@ def test_official_post_median_blur_and_sharpen():
     out = official_post(step, 28)
     assert out.max() > 0.6 and out.min() == 0 and (out[..., -1] * 255).unique().tolist() == [128.0]
     # grey: median then [[0,-1,0],[-1,5,-1],[0,-1,0]]; colour: median only
-    rgb = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    rgb = torch.rand(1, 3, 16, 16, generator=secret_generator("cpu", seed=0))
     up = torch.nn.functional.interpolate(rgb, size=(32, 32), mode="bilinear", align_corners=False)
     ref = (up * 255).round()
     med = torch.nn.functional.pad(ref, (1, 1, 1, 1), mode="replicate").unfold(2, 3, 1).unfold(3, 3, 1)
@@ -156,4 +157,4 @@ def test_central_post_must_be_known():
     x, y = _data()
     with pytest.raises(DpgenError, match="central_post"):
         query_central("mean", x, y, 4, num_images=4, q=0.5, sigma=1.0, ledger=PrivacyLedger(1e-5),
-                      generator=torch.Generator().manual_seed(0), post="fancy")
+                      generator=secret_generator("cpu", seed=0), post="fancy")

@@ -14,6 +14,7 @@ from dpgen.feta.central import (class_histograms, mode_from_histogram, noisy_cla
 from dpgen.feta.dpsgd import clipped_grad_sum, set_noisy_grads
 from dpgen.privacy import LedgerEntry, PrivacyLedger
 from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy.randomness import secret_generator
 
 from conftest import in_memory_run
 
@@ -21,7 +22,7 @@ TINY = 1e-9  # a noise multiplier small enough to read the noise-free query
 
 
 def _data(n: int = 300, k: int = 3, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
+    g = secret_generator("cpu", seed=seed)
     x = torch.rand(n, 1, 6, 6, generator=g)
     y = torch.cat([torch.zeros(200, dtype=torch.long), torch.randint(1, k, (n - 200,), generator=g)])
     return x, y
@@ -32,14 +33,14 @@ def test_mean_query_divides_by_expected_batch_and_has_sensitivity_c_over_b_star(
     clip, b_star = 2.0, 100.0  # class 0 has 200 records: dividing by the actual count would halve the mean
     ledger = PrivacyLedger(1e-5)
     out = noisy_class_means(x, y, 3, clip=clip, expected_batch=b_star, sigma=TINY, q=0.5, ledger=ledger,
-                            generator=torch.Generator().manual_seed(0))
+                            generator=secret_generator("cpu", seed=0))
     ref = torch.stack([torch.stack([xi * min(1.0, clip / xi.norm().item()) for xi in x[y == c]]).sum(0) for c in range(3)])
     torch.testing.assert_close(out, ref / b_star, rtol=1e-5, atol=1e-6)
     # add one record with a large norm: only its class slot moves, by exactly C_c / B*_c
     extra = torch.full((1, 1, 6, 6), 5.0)
     out2 = noisy_class_means(torch.cat([x, extra]), torch.cat([y, torch.tensor([1])]), 3, clip=clip,
                              expected_batch=b_star, sigma=TINY, q=0.5, ledger=ledger,
-                             generator=torch.Generator().manual_seed(0))
+                             generator=secret_generator("cpu", seed=0))
     diff = (out2 - out).flatten(1).norm(dim=1)
     assert diff[1].item() == pytest.approx(clip / b_star, rel=1e-4)
     assert diff[0].item() < 1e-6 and diff[2].item() < 1e-6
@@ -53,7 +54,7 @@ def test_mean_query_noise_std_is_sigma_c_times_c_over_b_star():
     y = torch.zeros(10, dtype=torch.long)
     sigma, clip, b_star = 3.0, 32.0, 400.0
     out = noisy_class_means(x, y, 4, clip=clip, expected_batch=b_star, sigma=sigma, q=0.1, ledger=PrivacyLedger(1e-5),
-                            generator=torch.Generator().manual_seed(1))
+                            generator=secret_generator("cpu", seed=1))
     assert out.std().item() == pytest.approx(sigma * clip / b_star, rel=0.05)
 
 
@@ -66,7 +67,7 @@ def test_mode_histogram_sensitivity_is_sqrt_whc_and_noise_matches():
     ledger = PrivacyLedger(1e-5)
     zeros = torch.zeros(50, 1, 20, 20)
     noisy = noisy_class_histograms(zeros, torch.zeros(50, dtype=torch.long), 3, bins=2, sigma=2.0, q=0.1, ledger=ledger,
-                                   generator=torch.Generator().manual_seed(0))
+                                   generator=secret_generator("cpu", seed=0))
     noise = noisy[1:]  # classes without records: pure noise
     assert noise.std().item() == pytest.approx(2.0 * math.sqrt(400), rel=0.05)
     assert ledger.entries[0].name == "feta.central_mode" and ledger.entries[0].noise_multipliers == [2.0]
@@ -84,7 +85,7 @@ def test_query_central_rounds_labels_and_ledger():
     x, y = _data(n=400)
     ledger = PrivacyLedger(1e-5)
     imgs, labels = query_central("mean", x, y, 3, num_images=7, q=0.25, sigma=5.0, ledger=ledger,
-                                 generator=torch.Generator().manual_seed(0))
+                                 generator=secret_generator("cpu", seed=0))
     assert imgs.shape == (7, 1, 6, 6) and imgs.min() >= 0 and imgs.max() <= 1
     assert labels.tolist() == [0, 1, 2, 0, 1, 2, 0]
     e = ledger.entries
@@ -135,7 +136,7 @@ def test_dpsgd_clip_bounds_each_record_and_noise_std_is_sigma_c_over_b():
     assert sums[0].norm().item() == pytest.approx(0.5, rel=1e-5)
     p = torch.nn.Parameter(torch.zeros(200, 100))
     set_noisy_grads([p], [torch.zeros(200, 100)], sigma=2.0, clip=1.5, expected_batch=30.0,
-                    generator=torch.Generator().manual_seed(0))
+                    generator=secret_generator("cpu", seed=0))
     assert p.grad.std().item() == pytest.approx(2.0 * 1.5 / 30.0, rel=0.03)
     assert abs(p.grad.mean().item()) < 0.01
 
@@ -189,11 +190,11 @@ def test_torch_func_backend_matches_opacus_hooks():
     from dpgen.nets.edm import edm_loss
 
     den = _tiny_denoiser()
-    x = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    x = torch.rand(5, 1, 8, 8, generator=secret_generator("cpu", seed=1)) * 2 - 1
     y = torch.tensor([0, 1, 2, 1, 3])  # 3 = the null class of classifier-free guidance
-    func_sums, func_loss = clipped_grad_sum_func(den, x, y, 3, 0.05, 2, torch.Generator().manual_seed(7))
+    func_sums, func_loss = clipped_grad_sum_func(den, x, y, 3, 0.05, 2, secret_generator("cpu", seed=7))
     gsm = GradSampleModule(den, loss_reduction="sum")
-    g = torch.Generator().manual_seed(7)
+    g = secret_generator("cpu", seed=7)
     hook_sums, hook_loss = clipped_grad_sum(gsm, lambda xr, yr: edm_loss(gsm, xr, yr, g), x, y, 3, 0.05, 2)
     gsm.remove_hooks()
     assert len(func_sums) == len(hook_sums)
@@ -208,8 +209,8 @@ def test_torch_func_backend_clips_each_record_to_c():
     from dpgen.feta.dpsgd import clipped_grad_sum_func
 
     den = _tiny_denoiser()
-    x = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    x = torch.rand(1, 1, 8, 8, generator=secret_generator("cpu", seed=2)) * 2 - 1
     for clip in (1e-4, 1e-3):
-        sums, _ = clipped_grad_sum_func(den, x, torch.tensor([1]), 2, clip, 4, torch.Generator().manual_seed(3))
+        sums, _ = clipped_grad_sum_func(den, x, torch.tensor([1]), 2, clip, 4, secret_generator("cpu", seed=3))
         assert torch.sqrt(sum(s.pow(2).sum() for s in sums)).item() == pytest.approx(clip, rel=1e-4)
     assert all(p.grad is None for p in den.parameters())  # nothing leaks into .grad outside the noisy step

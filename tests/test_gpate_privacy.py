@@ -10,13 +10,14 @@ import torch
 from dpgen.gpate import rdp
 from dpgen.gpate.aggregate import (bin_index, bin_midpoints, confident_gnmax, dp_grad_agg, projection_matrices,
                                    vote_histogram)
+from dpgen.privacy.randomness import secret_generator
 
 
 def test_threshold_and_argmax_noise_stds_are_sigma1_and_sigma2():
     sigma1, sigma2, n = 7.0, 3.0, 40_000
     counts = torch.zeros(n, 2)
     counts[:, 0] = 50.0
-    g = torch.Generator().manual_seed(0)
+    g = secret_generator("cpu", seed=0)
     # threshold: Pr[50 + N(0, σ1²) >= T] = Φ((50 - T)/σ1); fit σ1 from two thresholds
     from scipy.stats import norm
 
@@ -31,7 +32,7 @@ def test_threshold_and_argmax_noise_stds_are_sigma1_and_sigma2():
 
 
 def test_one_teacher_changing_its_vote_moves_histogram_by_sqrt2_and_max_by_at_most_1():
-    g = torch.Generator().manual_seed(1)
+    g = secret_generator("cpu", seed=1)
     m, d, k, bins, c = 3, 12, 4, 6, 0.5
     proj = projection_matrices(m, d, k, g, torch.device("cpu"))
     grads = torch.randn(9, m, d, generator=g)
@@ -48,14 +49,14 @@ def test_one_teacher_changing_its_vote_moves_histogram_by_sqrt2_and_max_by_at_mo
 
 def test_projection_is_gaussian_with_variance_1_over_k_and_independent_of_data():
     k = 10
-    r1 = projection_matrices(50, 200, k, torch.Generator().manual_seed(3), torch.device("cpu"))
+    r1 = projection_matrices(50, 200, k, secret_generator("cpu", seed=3), torch.device("cpu"))
     assert r1.shape == (50, 200, k)
     assert r1.var().item() == pytest.approx(1.0 / k, rel=0.03) and abs(r1.mean().item()) < 0.01
     # the projection depends on its generator only: drawing it inside DPGradAgg with other
     # gradients gives the same matrix (it is never a function of the data)
-    g_a, g_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    g_a, g_b = secret_generator("cpu", seed=3), secret_generator("cpu", seed=3)
     for grads, gen in ((torch.randn(4, 2, 6), g_a), (torch.ones(4, 2, 6) * 9, g_b)):
-        dp_grad_agg([(0, 4, grads)], (6,), 1.0, 4, 3, 1.0, 1.0, 0.0, gen, torch.Generator().manual_seed(0), 2,
+        dp_grad_agg([(0, 4, grads)], (6,), 1.0, 4, 3, 1.0, 1.0, 0.0, gen, secret_generator("cpu", seed=0), 2,
                     torch.device("cpu"))
     assert torch.equal(g_a.get_state(), g_b.get_state())
 
@@ -69,26 +70,26 @@ def test_clipping_and_bin_midpoints():
 
 def test_dpgradagg_depends_on_teachers_only_through_noisy_answers():
     """Same vote histogram ⇒ same output: the gradients' exact values never reach Δx_priv."""
-    g = torch.Generator().manual_seed(5)
+    g = secret_generator("cpu", seed=5)
     m, d, k = 4, 16, 3
     grads = torch.randn(30, m, d, generator=g)
     args = dict(shape=(d,), c=1e-3, bins=10, k=k, sigma1=2.0, sigma2=1.0, threshold=15.0, m=m,
                 device=torch.device("cpu"))
-    dx1, s1 = dp_grad_agg([(0, 30, grads)], proj_gen=torch.Generator().manual_seed(9),
-                          noise_gen=torch.Generator().manual_seed(8), **args)
-    dx2, s2 = dp_grad_agg([(0, 30, grads * 1000)], proj_gen=torch.Generator().manual_seed(9),  # same clipped votes
-                          noise_gen=torch.Generator().manual_seed(8), **args)
+    dx1, s1 = dp_grad_agg([(0, 30, grads)], proj_gen=secret_generator("cpu", seed=9),
+                          noise_gen=secret_generator("cpu", seed=8), **args)
+    dx2, s2 = dp_grad_agg([(0, 30, grads * 1000)], proj_gen=secret_generator("cpu", seed=9),  # same clipped votes
+                          noise_gen=secret_generator("cpu", seed=8), **args)
     assert torch.equal(s1["counts"], s2["counts"]) and torch.equal(dx1, dx2)
     # every answered coordinate is a bin mid-point, unanswered ones are 0
-    proj = projection_matrices(m, d, k, torch.Generator().manual_seed(9), torch.device("cpu"))
+    proj = projection_matrices(m, d, k, secret_generator("cpu", seed=9), torch.device("cpu"))
     u = torch.linalg.lstsq(proj, dx1.unsqueeze(2)).solution.squeeze(2).flatten()
     mids = bin_midpoints(1e-3, 10)
     ok = [(abs(v) < 1e-9) or (mids - v).abs().min() < 1e-7 for v in u.tolist()]
     assert all(ok)
     assert ((u.abs() > 1e-9) == s1["answered"]).all()
     # different noise ⇒ different answers (the output is random through the noise only)
-    dx3, _ = dp_grad_agg([(0, 30, grads)], proj_gen=torch.Generator().manual_seed(9),
-                         noise_gen=torch.Generator().manual_seed(1), **args)
+    dx3, _ = dp_grad_agg([(0, 30, grads)], proj_gen=secret_generator("cpu", seed=9),
+                         noise_gen=secret_generator("cpu", seed=1), **args)
     assert not torch.equal(dx1, dx3)
 
 
@@ -176,7 +177,7 @@ def test_answer_rate_of_the_low_threshold_option():
 
     sigma2 = 48.0
     sigma1 = 1.5 * sigma2
-    g = torch.Generator().manual_seed(0)
+    g = secret_generator("cpu", seed=0)
     for top in (50.0, 72.0, 400.0):
         counts = torch.zeros(20000, 10)
         counts[:, 0] = top
@@ -202,7 +203,7 @@ def test_votes_of_a_trained_official_ensemble_use_the_bins():
     ens = TeacherEnsemble(lambda: TeacherCNN(10, shape, df_dim=8, dfc_dim=32, norm="batch"), n, torch.device("cpu"))
     sampler = PartitionSampler(assign_teachers(data.train.x, n, 0), n, torch.device("cpu"))
     g = dcgan_init_(GPateGenerator(10, shape, z_dim=20, gf_dim=8, gfc_dim=32, sample_stats="batch", sample_group=m))
-    gen = torch.Generator().manual_seed(1)
+    gen = secret_generator("cpu", seed=1)
     for _ in range(40):
         idx, w = sampler.sample(m)
         with torch.no_grad():
@@ -228,7 +229,7 @@ def test_dct_basis_and_projection():
     torch.testing.assert_close(b[:, 0], torch.full((64,), 1 / 8.0), atol=1e-6, rtol=0)  # the DC atom first
     full = dct_basis((2, 4, 4), 32)
     torch.testing.assert_close(full.T @ full, torch.eye(32), atol=1e-5, rtol=0)
-    g = torch.Generator().manual_seed(0)
+    g = secret_generator("cpu", seed=0)
     r = projection_matrices(400, 64, 5, g, torch.device("cpu"), basis=b)
     assert (r ** 2).sum(1).mean().item() == pytest.approx(64 / 5, rel=0.05), "E‖R_j‖² = d/k as the paper's"
     inside = b @ (b.T @ r)

@@ -312,9 +312,12 @@ def test_resume_matches_the_uninterrupted_run(tmp_path, digits, accounting, over
     from dpgen.core.run import TrainingInterrupted
 
     args = ("gpate", *overrides, "gpate.iters=6", "log_every=4")
-    full, full_ledger, _ = train_in_memory(args[0], tmp_path / "full", *args[1:], data=digits, accounting=accounting)
+    # the same secret randomness in both runs (privacy.noise_seed); the resumed part takes it from the checkpoint
+    full, full_ledger, _ = train_in_memory(args[0], tmp_path / "full", *args[1:], data=digits, accounting=accounting,
+                                           noise_seed=5)
     with pytest.raises(TrainingInterrupted):
-        train_in_memory(args[0], tmp_path / "cut", *args[1:], data=digits, accounting=accounting, stop_after=3)
+        train_in_memory(args[0], tmp_path / "cut", *args[1:], data=digits, accounting=accounting, stop_after=3,
+                        noise_seed=5)
     gen, ledger, _ = train_in_memory(args[0], tmp_path / "cut", *args[1:], data=digits, accounting=accounting,
                                      resume=True)
     assert [e.to_dict() for e in ledger.entries] == [e.to_dict() for e in full_ledger.entries]

@@ -313,7 +313,7 @@ def test_to_json_fields_and_entries_rebuild_epsilon():
     led = _mixed_ledger()
     js = led.to_json()
     assert set(js) == {"epsilon", "delta", "target_epsilon", "accountant", "accounting",
-                       "valid_dp_guarantee", "entries", "notes", "sound_epsilon"}
+                       "valid_dp_guarantee", "secret_randomness", "entries", "notes", "sound_epsilon"}
     json.dumps(js)  # serialisable
     assert js["epsilon"] == js["sound_epsilon"] == led.epsilon()
     assert js["valid_dp_guarantee"] is True and js["accounting"] == "sound"

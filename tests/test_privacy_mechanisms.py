@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from dpgen.privacy import EventBuilder, LedgerEntry, PrivacyLedger, clip_rows, gaussian_sum_query
+from dpgen.privacy.randomness import secret_generator
 
 
 def _gen(seed: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
+    return secret_generator("cpu", seed=seed)
 
 
 def test_clip_rows_bounds_norms_and_keeps_small_rows():
@@ -67,22 +66,23 @@ def test_sensitivity_bound_on_neighbouring_inputs():
     # without clipping the same neighbours differ by far more than C (the data really needs clipping)
     assert extra.norm().item() > 10 * c
     with pytest.raises(ValueError, match="clip_norm"):
-        gaussian_sum_query(d, sensitivity=0.5, noise_multiplier=1.0, record=led, clip_norm=1.0)
+        gaussian_sum_query(d, sensitivity=0.5, noise_multiplier=1.0, record=led, clip_norm=1.0, generator=_gen(0))
 
 
 def test_query_records_in_ledger():
     led = PrivacyLedger(1e-5)
     x = torch.ones(8, 3)
     gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=2.0, record=led, name="stats",
-                       sampling="poisson", sampling_rate=0.1, clip_norm=1.0)
+                       sampling="poisson", sampling_rate=0.1, clip_norm=1.0, generator=_gen(0))
     gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=2.0, record=led, name="stats",
-                       sampling="poisson", sampling_rate=0.1, clip_norm=1.0)
+                       sampling="poisson", sampling_rate=0.1, clip_norm=1.0, generator=_gen(0))
     assert led.entries == [LedgerEntry("stats", [2.0], "poisson", 0.1, count=2, mechanism="gaussian")]
     ref = PrivacyLedger(1e-5)
     ref.record("stats", [2.0], "poisson", 0.1, count=2)
     assert led.epsilon() == ref.epsilon() > 0
     # integer histograms are accepted and released as floats
-    out = gaussian_sum_query(torch.ones(4, 2, dtype=torch.long), sensitivity=1.0, noise_multiplier=1.0, record=led)
+    out = gaussian_sum_query(torch.ones(4, 2, dtype=torch.long), sensitivity=1.0, noise_multiplier=1.0, record=led,
+                             generator=_gen(0))
     assert out.dtype.is_floating_point and led.entries[-1].name == "gaussian_sum_query"
 
 
@@ -93,8 +93,8 @@ def test_sampled_event_composes_two_queries_into_one_entry():
     for _ in range(100):
         with led.sampled_event("two_stats", "poisson", q) as ev:
             assert isinstance(ev, EventBuilder)
-            gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=z1, record=ev, clip_norm=1.0)
-            gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=z2, record=ev, clip_norm=1.0)
+            gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=z1, record=ev, clip_norm=1.0, generator=_gen(0))
+            gaussian_sum_query(x, sensitivity=1.0, noise_multiplier=z2, record=ev, clip_norm=1.0, generator=_gen(0))
     assert len(led.entries) == 1
     e = led.entries[0]
     assert e.noise_multipliers == [z1, z2] and e.count == 100 and e.sampling_rate == q
@@ -113,11 +113,12 @@ def test_event_builder_sampling_mismatch():
     with led.sampled_event("s", "poisson", 0.1) as ev:
         with pytest.raises(ValueError):
             gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=1.0, record=ev,
-                               sampling="poisson", sampling_rate=0.2)
+                               sampling="poisson", sampling_rate=0.2, generator=_gen(0))
         gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=1.0, record=ev,
-                           sampling="poisson", sampling_rate=0.1)
+                           sampling="poisson", sampling_rate=0.1, generator=_gen(0))
     assert led.entries[0].noise_multipliers == [1.0]
     with pytest.raises(TypeError):
-        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=1.0, record=None)  # type: ignore[arg-type]
+        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=1.0, record=None,  # type: ignore[arg-type]
+                           generator=_gen(0))
     with pytest.raises(ValueError):
-        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=-1.0, record=led)
+        gaussian_sum_query(torch.ones(2, 2), sensitivity=1.0, noise_multiplier=-1.0, record=led, generator=_gen(0))

@@ -12,6 +12,7 @@ from dpgen.errors import DpgenError
 from dpgen.privacy import (PRIVACY_OFF_NOTE, LedgerEntry, PrivacyLedger, calibrate_noise_multiplier,
                            calibrate_steps, gaussian_sum_query, parse_epsilon)
 from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy.randomness import secret_generator
 
 from tiny import METHODS, train_in_memory
 
@@ -51,7 +52,8 @@ def test_calibration_and_guard_under_infinite_target():
 
 def test_privacy_json_of_a_noiseless_run_says_infinity_and_not_private():
     ledger = PrivacyLedger(1e-5, target_epsilon=math.inf)
-    gaussian_sum_query(torch.ones(3, 2), sensitivity=1.0, noise_multiplier=0.0, record=ledger, name="q")
+    gaussian_sum_query(torch.ones(3, 2), sensitivity=1.0, noise_multiplier=0.0, record=ledger, name="q",
+                       generator=secret_generator("cpu", seed=0))
     js = json.loads(json.dumps(ledger.to_json()))  # what atomic_write_json writes, read back
     assert js["epsilon"] == math.inf and js["sound_epsilon"] == math.inf and js["target_epsilon"] == math.inf
     assert js["valid_dp_guarantee"] is False and PRIVACY_OFF_NOTE in js["notes"]

@@ -234,8 +234,9 @@ def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=1.0)
     ledger.record("x", [1.0], "poisson", 0.01, 5)
     run = in_memory_run(tmp_path, ledger)
-    run.save_checkpoint(5, {"g": CondGenerator(**TINY_G).state_dict(), "sigma": 1.0, "opt": {"state": {0: {"step": 3}}}},
-                        {"noise": torch.Generator().manual_seed(1)})
+    run.secret_rng("noise"), run.rng("fake")  # streams handed out are saved
+    run.save_checkpoint(5, {"g": CondGenerator(**TINY_G).state_dict(), "sigma": 1.0,
+                            "opt": {"state": {0: {"step": 3}}}})
     path = tmp_path / "checkpoints" / "last.pt"
     return path, torch.load(path, weights_only=True)
 
@@ -257,7 +258,11 @@ def _broken(ckpt: dict, case: str) -> object:
     elif case == "torch rng":
         c["rng"] = {**c["rng"], "torch": torch.zeros(7, dtype=torch.uint8)}
     elif case == "generator state":
-        c["generators"] = {"noise": torch.zeros(5056)}
+        c["streams"] = {**c["streams"], "secret": {"noise": torch.zeros(5056)}}
+    elif case == "secret root":
+        c["streams"] = {**c["streams"], "root": "0" * 63}
+    elif case == "pre-secret checkpoint":
+        c["generators"] = c.pop("streams")["secret"]
     elif case == "sparse tensor in state":
         c["state"] = {"g": {"w": torch.eye(3).to_sparse()}}
     elif case == "deep state":
@@ -271,8 +276,8 @@ def _broken(ckpt: dict, case: str) -> object:
 
 
 @pytest.mark.parametrize("case", ["not a dict", "missing key", "negative step", "step as text", "python rng",
-                                  "numpy rng", "torch rng", "generator state", "sparse tensor in state", "deep state",
-                                  "ledger"])
+                                  "numpy rng", "torch rng", "generator state", "secret root", "pre-secret checkpoint",
+                                  "sparse tensor in state", "deep state", "ledger"])
 def test_crafted_checkpoint_is_one_line(tmp_path, case):
     from dpgen.core.checkpoint import load_checkpoint
     from dpgen.privacy import PrivacyLedger

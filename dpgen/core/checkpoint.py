@@ -58,13 +58,17 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     return ckpt
 
 
-_CKPT_KEYS = {"step", "state", "generators", "ledger", "rng", "fingerprint"}
+_CKPT_KEYS = {"step", "state", "streams", "ledger", "rng", "fingerprint"}
+_MAX_STREAMS = 256
 
 
 def check_checkpoint(ckpt: object) -> None:
     """The structure :meth:`dpgen.core.run.Run.save_checkpoint` writes (see :func:`load_checkpoint`)."""
     from dpgen.core.untrusted import check_plain
 
+    if isinstance(ckpt, dict) and "generators" in ckpt and "streams" not in ckpt:
+        raise DpgenError("it predates secret randomness (its noise streams were seeded from the public seed, so "
+                         "the run it continues has no DP guarantee); start a new run")
     if not isinstance(ckpt, dict) or set(ckpt) != _CKPT_KEYS:
         keys = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise DpgenError(f"expected keys {sorted(_CKPT_KEYS)}, got {keys}")
@@ -75,10 +79,23 @@ def check_checkpoint(ckpt: object) -> None:
         raise DpgenError("ledger and fingerprint must be dicts")
     check_plain(ckpt["fingerprint"], "fingerprint")
     check_plain(ckpt["state"], "state", tensors=True, max_depth=16)
-    gens = ckpt["generators"]
-    if not isinstance(gens, dict) or not all(isinstance(k, str) and _is_rng_tensor(v) for k, v in gens.items()):
-        raise DpgenError("generators must map names to uint8 RNG state tensors")
+    _check_streams(ckpt["streams"])
     _check_rng(ckpt["rng"])
+
+
+def _check_streams(state: object) -> None:
+    """The structure :meth:`dpgen.core.streams.RandomStreams.state_dict` writes."""
+    from dpgen.core.streams import NAME_PATTERN, ROOT_PATTERN
+
+    if not isinstance(state, dict) or set(state) != {"root", "public", "secret"}:
+        raise DpgenError("streams must hold root, public and secret")
+    if not isinstance(state["root"], str) or not ROOT_PATTERN.fullmatch(state["root"]):
+        raise DpgenError("streams.root is not a secret root (64 hex digits)")
+    for kind in ("public", "secret"):
+        d = state[kind]
+        if not isinstance(d, dict) or len(d) > _MAX_STREAMS or not all(
+                isinstance(k, str) and NAME_PATTERN.fullmatch(k) and _is_rng_tensor(v) for k, v in d.items()):
+            raise DpgenError(f"streams.{kind} must map stream names to uint8 generator states")
 
 
 def _is_rng_tensor(t: object, size: int | None = None) -> bool:

@@ -78,7 +78,8 @@ def fingerprint(cfg: DictConfig) -> dict:
     return {
         "method": cfg.method.name, "dataset": cfg.dataset.name, "eps": parse_epsilon(cfg.eps), "delta": float(cfg.delta),
         "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
-        "accountant": cfg.privacy.accountant,
+        "accountant": cfg.privacy.accountant, "noise_seed": cfg.privacy.noise_seed,
+        "secure_noise": bool(cfg.privacy.secure_noise),
         "hparams": OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True),
     }
 
@@ -98,8 +99,8 @@ def check_resume(cfg: DictConfig, run_dir: Path | None = None) -> None:
     from dpgen.core.schema import load_run_config
 
     run_dir = Path(str(cfg.resume)) if run_dir is None else Path(run_dir)
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")  # first: it says when a run predates this version
     saved = load_run_config(run_dir)
-    ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     PrivacyLedger(delta=0.5).load_state_dict(ckpt["ledger"])
     current = fingerprint(cfg)
     for what, stored in (("the checkpoint", ckpt["fingerprint"]), (f"{run_dir}/.hydra/config.yaml", fingerprint(saved))):
@@ -139,19 +140,23 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     validate(cfg, data)
     delta = float(cfg.delta)
     target = parse_epsilon(cfg.eps)
+    noise_seed = cfg.privacy.noise_seed
     ledger = PrivacyLedger(delta=delta, target_epsilon=target, accountant=cfg.privacy.accountant,
-                           accounting=cfg.privacy.accounting)
+                           accounting=cfg.privacy.accounting, fixed_randomness=noise_seed is not None)
     resume = resume_dir(cfg.resume, run_dir) is not None
     if resume and str(cfg.resume) == "auto":  # a requeued job: its own checkpoint and config must match
         check_resume(cfg, run_dir)
     run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
               log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
-              tensorboard=cfg.tensorboard, progress=cfg.progress)
+              tensorboard=cfg.tensorboard, progress=cfg.progress, noise_seed=noise_seed,
+              secure_noise=bool(cfg.privacy.secure_noise))
     method = load_method(cfg.method.name)
     log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s", cfg.method.name, data.name,
              len(data.train), target, delta, cfg.profile, device)
     if ledger.privacy_off:
         log.warning("eps=inf: privacy-off reference run (noise multiplier 0, clipping kept); NOT private")
+    if noise_seed is not None:
+        log.warning("privacy.noise_seed is set: the mechanisms' randomness is replayable from the config; NOT private")
     t0 = time.time()
     try:
         gen = method.train(cfg[cfg.method.hparams], data, ledger, run)

@@ -1,7 +1,10 @@
-"""The run context a method trains in: device, seeded RNG, logging, progress, checkpoints.
+"""The run context a method trains in: device, random streams, logging, progress, checkpoints.
 
 A method never writes files itself; it reports steps to :class:`Run`, which keeps the
 tqdm bar (step, ε spent, losses), tensorboard, ``train.log`` and ``checkpoints/last.pt``.
+Its random streams (:class:`~dpgen.core.streams.RandomStreams`) are public (:meth:`Run.rng`, fixed by
+``seed``) or secret (:meth:`Run.secret_rng`, from OS entropy): every draw a privacy analysis treats as
+random comes from a secret one.
 """
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ import torch
 from tqdm import tqdm
 
 from dpgen.core.checkpoint import load_checkpoint, rng_state, set_rng_state
+from dpgen.core.streams import RandomStreams, fixed_root
 from dpgen.io import atomic_save
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger
 from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy.randomness import SecretGenerator
 
 log = logging.getLogger("dpgen")
 
@@ -58,6 +63,8 @@ class Run:
         resume: bool = False,
         tensorboard: bool = True,
         progress: bool = True,
+        noise_seed: int | None = None,
+        secure_noise: bool = True,
     ) -> None:
         self.dir = Path(run_dir)
         self.ledger = ledger
@@ -77,15 +84,28 @@ class Run:
         #: training statistics a method wants in metrics.json (under "training"); must be
         #: computed from released/DP quantities or be clearly diagnostic, like the evaluator's
         self.extra_metrics: dict[str, Any] = {}
+        # the secret root: OS entropy, or fixed by privacy.noise_seed (then the run has no DP guarantee)
+        self.streams = RandomStreams(device, seed, None if noise_seed is None else fixed_root(noise_seed),
+                                     secure_noise=secure_noise)
         if resume:
             self._load_resume_state()
 
-    # ---- RNG -----------------------------------------------------------------------------
-    def torch_generator(self, offset: int = 0) -> torch.Generator:
-        """A seeded generator on the run's device (``offset`` gives independent streams)."""
-        g = torch.Generator(device=self.device)
-        g.manual_seed(self.seed * 1_000_003 + offset)
-        return g
+    # ---- random streams ------------------------------------------------------------------
+    def rng(self, name: str) -> torch.Generator:
+        """The public stream ``name`` on the run's device, fixed by ``seed``: initialisation, latents, loss draws
+        (anything a privacy analysis does not treat as random)."""
+        return self.streams.public(name)
+
+    def secret_rng(self, name: str) -> SecretGenerator:
+        """The secret stream ``name`` on the run's device: sampling, partition draws, every mechanism's noise."""
+        return self.streams.secret(name)
+
+    def restore_rngs(self) -> None:
+        """On resume (no-op otherwise): every stream handed out so far, and any handed out later, continues
+        where the interrupted run left it. Call it once the models are rebuilt (their initialisation may
+        draw from a stream)."""
+        if self.resume_state:
+            self.streams.restore(self.resume_state["streams"])
 
     # ---- checkpoints ---------------------------------------------------------------------
     @property
@@ -100,28 +120,26 @@ class Run:
             shown = ", ".join(f"{k}: {stored.get(k)!r} -> {self.fingerprint.get(k)!r}" for k in diff[:3])
             raise DpgenError(f"resume config differs from the checkpoint ({shown}); resume with the original settings")
         self.ledger.load_state_dict(ckpt["ledger"])
+        self.streams.load_root(ckpt["streams"])
         set_rng_state(ckpt["rng"])
         self.resume_state = ckpt
         log.info("resumed from %s at step %d (epsilon so far %.4f)", self.checkpoint_path, ckpt["step"],
                  self.ledger.epsilon() if self.ledger.entries else 0.0)
 
-    def save_checkpoint(self, step: int, state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
-        """Atomically write ``checkpoints/last.pt`` with the method state, ledger and RNG states."""
+    def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
+        """Atomically write ``checkpoints/last.pt`` with the method state, ledger and RNG states.
+
+        The checkpoint holds the secret root and the non-private ensemble states: it is private (README
+        "Threat model")."""
         payload = {
             "step": int(step),
             "state": state,
-            "generators": {k: g.get_state() for k, g in (generators or {}).items()},
+            "streams": self.streams.state_dict(),
             "ledger": self.ledger.state_dict(),
             "rng": rng_state(),
             "fingerprint": self.fingerprint,
         }
         atomic_save(payload, self.checkpoint_path)
-
-    def restore_generators(self, generators: dict[str, torch.Generator]) -> None:
-        if self.resume_state:
-            for k, g in generators.items():
-                if k in self.resume_state.get("generators", {}):
-                    g.set_state(self.resume_state["generators"][k])
 
     @property
     def start_step(self) -> int:
@@ -146,8 +164,7 @@ class Run:
         self._pbar = tqdm(total=total, initial=self.start_step, desc=desc, dynamic_ncols=True,
                           disable=not self.show_progress, mininterval=1.0)
 
-    def step_done(self, step: int, scalars: dict[str, float], state_fn: Callable[[], dict],
-                  generators: dict[str, torch.Generator] | None = None) -> None:
+    def step_done(self, step: int, scalars: dict[str, float], state_fn: Callable[[], dict]) -> None:
         """Report a finished training step: progress, logs, periodic checkpoint, debug stop."""
         if self._pbar is not None:
             self._pbar.update(step - self._pbar.n)
@@ -161,13 +178,13 @@ class Run:
                     self.writer.add_scalar(f"train/{k}", v, step)
             log.info("step %d %s", step, " ".join(f"{k}={v:.4g}" for k, v in scalars.items()))
         if step % self.checkpoint_every == 0 or (self.stop_after is not None and step >= self.stop_after):
-            self.save_checkpoint(step, state_fn(), generators)
+            self.save_checkpoint(step, state_fn())
         if self.stop_after is not None and step >= self.stop_after:
             raise TrainingInterrupted(f"debug.stop_after={self.stop_after} reached at step {step}")
 
-    def finish(self, step: int, state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    def finish(self, step: int, state: dict) -> None:
         """Final checkpoint and closing log line."""
-        self.save_checkpoint(step, state, generators)
+        self.save_checkpoint(step, state)
         if self._pbar is not None:
             self._pbar.close()
         log.info("training finished at step %d in %.1fs, epsilon=%.4f (%s accountant)", step, time.time() - self._t0,

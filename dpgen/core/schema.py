@@ -50,6 +50,10 @@ from dpgen.errors import DpgenError
 class PrivacySchema:
     accounting: str = spec(choices=("sound", "paper"))   # sound: a valid (eps, delta) bound; paper: the paper's own analysis
     accountant: str = spec(choices=("rdp", "pld"))
+    #: fixes the secret streams (sampling, partition draws, noise) for debugging and tests: no DP guarantee then
+    noise_seed: Optional[int] = spec(None, ge=0, lt=2**32)
+    #: Gaussian noise as the sum of 4 normal draws (floating-point-robust, opacus' secure_mode)
+    secure_noise: bool = spec()
 
 
 @dataclass

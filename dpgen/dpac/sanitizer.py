@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from dpgen.privacy import clip_rows
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 
 class Sanitizer:
@@ -19,13 +20,14 @@ class Sanitizer:
 
     ``noise_multiplier`` z is per sample: noise std ``2·clip·z`` per coordinate. ``last_norms``
     (pre-clip norms), ``last_clipped`` and ``last_release`` (what leaves the hook, before ÷B)
-    are kept for tests and logging.
+    are kept for tests and logging. The noise comes from the secret ``generator``.
     """
 
-    def __init__(self, clip: float, noise_multiplier: float, generator: torch.Generator | None = None) -> None:
+    def __init__(self, clip: float, noise_multiplier: float, generator: SecretGenerator) -> None:
         if clip <= 0 or noise_multiplier < 0:
             raise ValueError(f"sanitizer needs clip > 0 and noise_multiplier >= 0, got {clip}, {noise_multiplier}")
-        self.clip, self.noise_multiplier, self.generator = float(clip), float(noise_multiplier), generator
+        self.clip, self.noise_multiplier = float(clip), float(noise_multiplier)
+        self.generator = require_secret(generator, f"{type(self).__name__} noise")
         self.last_norms: torch.Tensor | None = None
         self.last_clipped: torch.Tensor | None = None
         self.last_release: torch.Tensor | None = None
@@ -39,7 +41,8 @@ class Sanitizer:
         """Eq. (5) on every row of ``g`` [B, ...]: clip each row to ``clip``, add Gaussian noise; then ÷B."""
         self.last_norms = g.detach().flatten(1).norm(dim=1)
         clipped = clip_rows(g, self.clip)
-        noise = torch.randn(g.shape, generator=self.generator, device=g.device, dtype=g.dtype) * self.noise_std
+        noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+                               mechanism="sanitizer noise")
         self.last_clipped = clipped.detach()
         self.last_release = (clipped + noise).detach()
         self.calls += 1

@@ -31,6 +31,8 @@ from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
+from dpgen.privacy.randomness import SecretGenerator, require_secret
+from dpgen.privacy.sampling import uniform_member
 
 log = logging.getLogger("dpgen")
 
@@ -136,7 +138,13 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | Non
 
 
 class Partitions:
-    """Uniform batches (with replacement) from chosen partitions, vectorised over members."""
+    """Uniform batches (with replacement) from chosen partitions, vectorised over members.
+
+    The records of partition k are ``record_owners(x, K, seed)``'s (a keyed hash of each record's bytes with the
+    PUBLIC seed): the GS-WGAN/PATE arguments need the parts disjoint and each record's part independent of the
+    other records, not secret; what they need secret is which partition an iteration draws and the noise
+    (README "Threat model").
+    """
 
     def __init__(self, parts: list, device: torch.device) -> None:
         self.sizes = torch.tensor([len(p) for p in parts], device=device)
@@ -145,7 +153,9 @@ class Partitions:
             mat[i, :len(p)] = torch.as_tensor(p)
         self.mat = mat.to(device)
 
-    def sample(self, members: torch.Tensor, b: int, g: torch.Generator) -> torch.Tensor:
+    def sample(self, members: torch.Tensor, b: int, g: SecretGenerator) -> torch.Tensor:
+        """b record indices of each member's partition (rows of the result), drawn from the secret ``g``."""
+        require_secret(g, "partition batch sampling")
         pos = (torch.rand(len(members), b, generator=g, device=self.mat.device) * self.sizes[members, None]).long()
         return self.mat[members[:, None], pos]
 
@@ -277,19 +287,20 @@ def refresh_phase(disc: NetStack, parts: "Partitions", it: int, x_all: torch.Ten
 
 def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
-                     gens: dict[str, torch.Generator]) -> None:
+                     init_gen: torch.Generator, data_gen: SecretGenerator) -> None:
     """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
 
     As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
-    and reused by every fake step; each real step draws a fresh batch of partition k.
+    and reused by every fake step; each real step draws a fresh batch of partition k (from the secret
+    ``data_gen``; C's re-initialisation draws from the public ``init_gen``).
     """
     if reset:
-        clf.reset(init_fn, sn_init, gens["init"])
+        clf.reset(init_fn, sn_init, init_gen)
     dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
     fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
 
     def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        i = parts.sample(k, b, gens["data"])[0]
+        i = parts.sample(k, b, data_gen)[0]
         return x_all[i], y_all[i]
 
     train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
@@ -297,14 +308,18 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
 
 
 class EnsembleSetup:
-    """What GS-WGAN/DPAC and EFSGD build identically: the seeded RNG streams, the K partitions, G with its
+    """What GS-WGAN/DPAC and EFSGD build identically: the random streams, the K partitions, G with its
     EMA copy and optimiser, the discriminator ensemble and the classifier (in this order, which fixes
-    the random initialisation)."""
+    the random initialisation).
+
+    Streams: ``init`` (public: initialisation, C's re-initialisation), ``gen`` (public: G's latents and labels),
+    ``data`` (secret: the partition k of an iteration and every batch read from a partition), ``noise``
+    (secret: the sanitisers)."""
 
     def __init__(self, hp: DictConfig, data: ImageDataset, run: Run, make_gen: Callable[[], torch.nn.Module]) -> None:
         dev, ncls, shape = run.device, data.num_classes, list(data.shape)
-        self.gens = {"init": run.torch_generator(11), "data": run.torch_generator(12),
-                     "noise": run.torch_generator(13), "gen": run.torch_generator(14)}
+        self.init_gen, self.gen_gen = run.rng("init"), run.rng("gen")
+        self.data_gen, self.noise_gen = run.secret_rng("data"), run.secret_rng("noise")
         self.parts = Partitions(partition_by_record(data.train.x, int(hp.num_discriminators), run.seed), dev)
         # warm-up generators: the plain GS-WGAN architecture (efsgd's noise injection is not needed to warm up D),
         # optionally narrower than G (pretrain_g_width): K of them cost K x G's forward per critic step
@@ -315,9 +330,9 @@ class EnsembleSetup:
         self.g_ema = copy.deepcopy(self.g_net)
         self.opt_g = torch.optim.Adam(self.g_net.parameters(), lr=generator_lr(hp), betas=tuple(hp.betas))
         self.disc = NetStack(partial(disc_init, ncls, shape, int(hp.d_width)), sn_init, int(hp.num_discriminators),
-                             self.gens["init"], dev, shared_init=bool(hp.get("shared_init", False)))
+                             self.init_gen, dev, shared_init=bool(hp.get("shared_init", False)))
         self.clf_init = partial(clf_init, ncls, shape, int(hp.d_width))
-        self.clf = NetStack(self.clf_init, sn_init, 1, self.gens["init"], dev)
+        self.clf = NetStack(self.clf_init, sn_init, 1, self.init_gen, dev)
 
     def state_dict(self) -> dict:
         return {"g": self.g_net.state_dict(), "g_ema": self.g_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
@@ -330,9 +345,9 @@ class EnsembleSetup:
             for key, obj in (("g", self.g_net), ("g_ema", self.g_ema), ("opt_g", self.opt_g), ("disc", self.disc),
                              ("clf", self.clf)):
                 obj.load_state_dict(state[key])
-            run.restore_generators(self.gens)
+            run.restore_rngs()
         else:
-            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.gens["data"], ncls)
+            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.data_gen, ncls)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
@@ -345,7 +360,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     check_classifier_reuse(hp, ledger, "dpac", c_start)
     betas = tuple(hp.betas)
     base = EnsembleSetup(hp, data, run, partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width)))
-    gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
+    parts, g_net, g_ema, opt_g = base.parts, base.g_net, base.g_ema, base.opt_g
+    data_gen, gen_gen = base.data_gen, base.gen_gen
     disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
 
     state = run.resume_state["state"] if run.resume_state else None
@@ -356,8 +372,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if note not in ledger.notes:  # a resumed ledger already carries them
             ledger.notes.append(note)
     base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
-    san_d = Sanitizer(float(hp.clip), z_noise, gens["noise"])
-    san_c = Sanitizer(float(hp.clip), z_noise, gens["noise"])
+    san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen)
+    san_c = Sanitizer(float(hp.clip), z_noise, base.noise_gen)
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
@@ -370,9 +386,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if y is None:
-            y = torch.randint(0, ncls, (m,), generator=gens["gen"], device=dev)
+            y = torch.randint(0, ncls, (m,), generator=gen_gen, device=dev)
         with torch.no_grad():
-            return g_net(g_net.sample_z(m, gens["gen"], dev), y), y
+            return g_net(g_net.sample_z(m, gen_gen, dev), y), y
 
     run.start(T, desc=f"{'dpac' if c_start is not None else 'gswgan'} eps<={ledger.target_epsilon:g}")
     it = run.start_step
@@ -381,19 +397,19 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         paths = (zp, zp) if with_c else (zp,)  # D, and C from t_c: noise 2Cz per row, sensitivity 2C per row
         if not budget.allows(it, paths):
             break
-        k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)  # Alg. 1 line 2: k ~ U[1, K]
-        loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
-        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, gens["data"])
+        k = uniform_member(K, data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
+        loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
-                             clf_init_fn, float(hp.lr), betas, gens)
+                             clf_init_fn, float(hp.lr), betas, base.init_gen, data_gen)
         loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san_d, san_c, float(hp.beta),
-                                B, ncls, gens["gen"])
+                                B, ncls, gen_gen)
         budget.record(paths)  # one sampled event with one Gaussian z/sqrt(B) per path
         ema_update(g_ema, g_net, float(hp.ema), it)
         it += 1
-        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g}, snapshot, gens)  # tensors: synced at log time
-    run.finish(it, snapshot(), gens)
+        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g}, snapshot)  # tensors: synced at log time
+    run.finish(it, snapshot())
     return g_ema.eval()
 
 

@@ -34,11 +34,11 @@ class _Recorder(Run):
         super().__init__(*args, **kwargs)
         self.rows: list[dict[str, float]] = []
 
-    def step_done(self, step, scalars, state_fn, generators=None) -> None:
+    def step_done(self, step, scalars, state_fn) -> None:
         self.rows.append({k: float(v) for k, v in scalars.items()})
-        super().step_done(step, scalars, state_fn, generators)
+        super().step_done(step, scalars, state_fn)
 
-    def save_checkpoint(self, step, state, generators=None) -> None:
+    def save_checkpoint(self, step, state) -> None:
         pass  # a diagnostic run needs no checkpoint
 
 

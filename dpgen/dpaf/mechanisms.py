@@ -3,20 +3,25 @@ and the asymmetric schedule of Fig. 7."""
 from __future__ import annotations
 
 import torch
-from opacus.optimizers import DPOptimizer
+
+from dpgen.privacy.optimizer import DPSGDOptimizer
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 
 def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scale: float,
-          generator: torch.Generator | None = None) -> torch.Tensor:
+          generator: SecretGenerator) -> torch.Tensor:
     """DPAGG: ``(Σ_i feats[i] + N(0, (z·√m·p)² I)) / scale`` (Sec. IV-B, Eq. 4; Theorem 6).
 
     ``feats`` are SIN-normalized, so each row has ℓ2 norm ≤ ``sensitivity`` = √m·p and adding or removing
     one sample moves the sum by at most that much. Dividing by a data-independent ``scale`` (the expected
-    batch size) is post-processing. The caller records the release in the ledger.
+    batch size) is post-processing. The caller records the release in the ledger. The noise comes from the
+    secret ``generator``.
     """
+    require_secret(generator, "DPAGG")
     total = feats.sum(dim=0, keepdim=True)
-    noise = torch.randn(total.shape, generator=generator, device=total.device, dtype=total.dtype)
-    return (total + noise * (noise_multiplier * sensitivity)) / scale
+    noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
+                           dtype=total.dtype, mechanism="DPAGG")
+    return (total + noise) / scale
 
 
 def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generator | None = None,
@@ -28,8 +33,8 @@ def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generat
     Rows longer than ``max_exact`` use a threshold estimated from ``max_exact`` coordinates drawn at random
     (data-independently) instead of an exact sort, which is far too slow on a CPU (the kept fraction is then
     ``keep`` ± ~0.7% for 2048 draws); each row's threshold still depends on that row only, so this remains
-    a per-sample map. The coordinates come from ``generator`` (the run's seeded stream, on the device of
-    ``per_sample``), so a run is reproducible.
+    a per-sample map. The coordinates come from ``generator`` (the optimizer's stream, on the device of
+    ``per_sample``).
     """
     if keep >= 1.0 or per_sample.numel() == 0:
         return per_sample
@@ -46,9 +51,9 @@ def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generat
     return per_sample * (per_sample.abs() > thr)
 
 
-class CompressedDPOptimizer(DPOptimizer):
-    """opacus' DPOptimizer (per-sample clipping to C, noise N(0, σ²C²); Abadi et al. 2016 Alg. 1) that first
-    applies :func:`compress_top` to each sample's gradient across all of its parameters.
+class CompressedDPOptimizer(DPSGDOptimizer):
+    """The DP-SGD optimizer (per-sample clipping to C, noise N(0, σ²C²) from a secret stream; Abadi et al. 2016
+    Alg. 1) that first applies :func:`compress_top` to each sample's gradient across all of its parameters.
 
     With ``track = True`` the next step also keeps, as device tensors (no host sync), the median per-sample
     gradient norm before clipping and the norm of the clipped sum (the signal the noise N(0, σ²C² I_d) is
@@ -103,45 +108,11 @@ def schedule(batch: int, mu: int, n_critic: int) -> set[str]:
     return ups
 
 
-def poisson_chunk(n: int, q: float, steps: int, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
-    """``steps`` independent Poisson samples of rate q from n records, on ``device``: each record joins each
-    sample independently with probability q (the sampling the ledger accounts).
-
-    Drawn together so that a training loop reads the batch sizes back from the device once per chunk (one
-    ``tolist``) instead of once per step; the draw is data-independent, so drawing ahead changes nothing. A
-    stable sort puts each row's members first, in index order, so no ``nonzero`` (a second sync) is needed.
-    """
-    mask = torch.rand(steps, n, generator=generator, device=device) < q
-    counts = mask.sum(1).tolist()
-    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
-    return [order[r, :c] for r, c in enumerate(counts)]
-
-
-class PoissonSampler:
-    """The Poisson samples of one training phase, step by step, ``chunk`` steps per device round trip.
-
-    Chunk c is drawn from a generator seeded with ``seed`` + c, so the sample of step s depends only on
-    (seed, s): a resumed run draws exactly the batches of the uninterrupted one.
-    """
-
-    def __init__(self, n: int, q: float, seed: int, chunk: int, device: torch.device) -> None:
-        self.n, self.q, self.seed, self.chunk, self.device = n, float(q), int(seed), max(1, int(chunk)), device
-        self._gen = torch.Generator(device=device)
-        self._cached: tuple[int, list[torch.Tensor]] | None = None
-
-    def __call__(self, step: int) -> torch.Tensor:
-        """The sample of the phase's ``step``-th (0-based) step."""
-        c = step // self.chunk
-        if self._cached is None or self._cached[0] != c:
-            self._gen.manual_seed(self.seed + c)
-            self._cached = (c, poisson_chunk(self.n, self.q, self.chunk, self._gen, self.device))
-        return self._cached[1][step % self.chunk]
-
-
 def split_group(idx: torch.Tensor, mu: int, generator: torch.Generator) -> list[torch.Tensor]:
     """Randomly split one Poisson sample into μ disjoint sub-batches (the μ batches of Fig. 7).
 
-    Disjointness means each record reaches at most one DPAGG release and one conv2* gradient per group.
+    Disjointness means each record reaches at most one DPAGG release and one conv2* gradient per group. The
+    split is part of the sampling (a secret stream), though the bound holds for any split.
     """
     perm = idx[torch.randperm(len(idx), generator=generator, device=generator.device).to(idx.device)]
     return [perm[j::mu] for j in range(mu)]

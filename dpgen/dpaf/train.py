@@ -15,11 +15,12 @@ from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
 from dpgen.dpaf.accounting import Budget, parse_noise_multipliers, parse_split
-from dpgen.dpaf.mechanisms import CompressedDPOptimizer, PoissonSampler, dpagg, schedule, split_group
+from dpgen.dpaf.mechanisms import CompressedDPOptimizer, dpagg, schedule, split_group
 from dpgen.dpaf.nets import DpafNet, resolve_layers
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator
 from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.sampling import PoissonSampler
 
 log = logging.getLogger("dpgen")
 
@@ -60,10 +61,10 @@ def c_loss(c_net: DpafNet, x: torch.Tensor, y: torch.Tensor, k: int, batch: int,
 
 
 def _sampler(run: Run, n: int, q: float, phase: int, steps: int) -> PoissonSampler:
-    """Phase ``phase``'s Poisson batches from a stream of the run's seed (see PoissonSampler), drawn
+    """Phase ``phase``'s Poisson batches from a secret stream of its own (see PoissonSampler), drawn
     ``log_every`` steps per device round trip (at most the phase's ``steps``, and ~4M random draws)."""
-    seed = ((run.seed * 1_000_003 + 10 + phase) << 24) % 2**63
-    return PoissonSampler(n, q, seed, max(1, min(run.log_every, steps, 4_000_000 // n)), run.device)
+    return PoissonSampler(n, q, run.secret_rng(f"poisson{phase}"), max(1, min(run.log_every, steps, 4_000_000 // n)),
+                          run.device)
 
 
 def _stats(opt: CompressedDPOptimizer, tag: str) -> dict[str, torch.Tensor]:
@@ -94,10 +95,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     fixed = parse_noise_multipliers(hp.get("noise_multipliers"), train_c)
     budget = Budget(ledger, split, mu, q1, t1, q, groups, fixed)
     net_kw = dict(width=int(hp.width), fc_hidden=int(hp.fc_hidden), activation=hp.activation)
-    gens = {"sample": run.torch_generator(1), "noise": run.torch_generator(2), "fake": run.torch_generator(3),
-            "agg": run.torch_generator(4)}
+    g_split, g_noise = run.secret_rng("split"), run.secret_rng("noise")
+    g_agg, g_fake = run.secret_rng("agg"), run.rng("fake")
     state = run.resume_state["state"] if run.resume_state else None
-    run.restore_generators(gens)
+    run.restore_rngs()
     step = run.start_step
     run.start(t1 + groups, desc=f"dpaf eps<={ledger.target_epsilon:g}")
 
@@ -113,7 +114,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         # paper: only conv1 by DP-SGD, conv2/conv3/FC by plain SGD (line 4); sound: all of C by DP-SGD.
         dp_part = c_net if not paper else c_net.conv1
         gsm_c = GradSampleModule(dp_part, loss_reduction="sum")  # noqa: F841 (keeps the per-sample hooks alive)
-        opt_c = _dp_opt(dp_part.parameters(), hp, float(hp.lr_c), z1, float(hp.clip_c), bc, gens["noise"])
+        opt_c = _dp_opt(dp_part.parameters(), hp, float(hp.lr_c), z1, float(hp.clip_c), bc, g_noise)
         plain = [p for m in (c_net.conv2, c_net.head) for p in m.parameters()] if paper else []
         opt_plain = torch.optim.Adam(plain, lr=float(hp.lr_c), betas=tuple(hp.betas)) if plain else None
         if state:
@@ -145,7 +146,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             else:
                 opt_c.empty_step()
             step += 1
-            run.step_done(step, {"loss_c": loss.detach() / max(len(idx), 1), **_stats(opt_c, "c")}, snap_c, gens)
+            run.step_done(step, {"loss_c": loss.detach() / max(len(idx), 1), **_stats(opt_c, "c")}, snap_c)
         state = None  # phase 2 starts fresh from C's conv1
     elif state is not None and "d" not in state:
         # resumed from the checkpoint of phase 1's last step (step == t1): only C exists yet
@@ -167,7 +168,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     gsm.disable_hooks()
     g_net = CondGenerator(k, shape, z_dim=int(hp.z_dim), width=int(hp.g_width)).to(dev)
     z3, z2 = (float(state["z3"]), float(state["z2"])) if state else budget.group_sigmas()
-    opt_d2 = _dp_opt(dp_block.parameters(), hp, float(hp.lr_d), z2, float(hp.clip_d), mu * bsz, gens["noise"])
+    opt_d2 = _dp_opt(dp_block.parameters(), hp, float(hp.lr_d), z2, float(hp.clip_d), mu * bsz, g_noise)
     opt_head = torch.optim.Adam(d_net.head.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas))
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
     if state:
@@ -185,8 +186,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     ms_weight = float(hp.get("mode_seeking", 0.0))
 
     def fake(m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.randint(0, k, (m,), generator=gens["fake"], device=dev)
-        z = torch.randn(m, g_net.z_dim, generator=gens["fake"], device=dev)
+        y = torch.randint(0, k, (m,), generator=g_fake, device=dev)
+        z = torch.randn(m, g_net.z_dim, generator=g_fake, device=dev)
         return g_net(z, y), y
 
     def snap_d() -> dict:
@@ -202,16 +203,16 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             break
         g = step - t1
         idx = sample_d(g)
-        subs = split_group(idx, mu, gens["sample"])
+        subs = split_group(idx, mu, g_split)
         with torch.no_grad():  # the μ DPAGG releases of this group (conv1/conv2* are fixed within it)
-            real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, gens["agg"]) for s in subs]
+            real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg) for s in subs]
         fakes = []  # the fake halves of the group's μ batches, which conv2*'s step reuses (Alg. 1 line 9)
         for j in range(mu):
             # L_BCE on D with DPAGG: conv3* and FC* by SGD (post-processing of DPAGG), line 10/13
             with torch.no_grad():
                 xf, yf = fake(bsz)
                 fakes.append((xf, yf))
-                fake_agg = dpagg(d_net.features(xf, yf, eps_sin), sens, z3, bsz, gens["agg"])
+                fake_agg = dpagg(d_net.features(xf, yf, eps_sin), sens, z3, bsz, g_agg)
             opt_head.zero_grad(set_to_none=True)
             loss_d = (F.binary_cross_entropy_with_logits(d_net.score(real_aggs[j]), one)
                       + F.binary_cross_entropy_with_logits(d_net.score(fake_agg), zero))
@@ -223,13 +224,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                 loss_d2 = conv2_step(d_net, gsm, opt_d2, x_all, y_all, subs, idx, fakes, paper, eps_sin)
             if "G" in ups:  # L''_BCE through D̂ (no aggregation), line 15
                 opt_g.zero_grad(set_to_none=True)
-                loss_g = generator_loss(g_net, d_net, bsz, k, ms_weight, gens["fake"], eps_sin)
+                loss_g = generator_loss(g_net, d_net, bsz, k, ms_weight, g_fake, eps_sin)
                 loss_g.backward()
                 opt_g.step()
         step += 1
         run.step_done(step, {"loss_d": loss_d.detach() / 2, "loss_d2": loss_d2, "loss_g": loss_g.detach(),
-                             **_stats(opt_d2, "d2")}, snap_d, gens)
-    run.finish(step, snap_d(), gens)
+                             **_stats(opt_d2, "d2")}, snap_d)
+    run.finish(step, snap_d())
     return g_net.eval()
 
 

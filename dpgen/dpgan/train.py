@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
@@ -15,17 +14,11 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator, ProjectionDiscriminator
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
+from dpgen.privacy.optimizer import DPSGDOptimizer
+from dpgen.privacy.sampling import poisson_batch
 
 log = logging.getLogger("dpgen")
 ENTRY = "dpgan.discriminator"
-
-
-def poisson_batch(n: int, q: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Indices of a Poisson-sampled batch: each record joins independently with probability q.
-
-    The batch size is random, so its indices need one host sync (``nonzero``) per step: the only one
-    in dpgan's step (opacus needs a concrete batch)."""
-    return (torch.rand(n, generator=generator, device=device) < q).nonzero().squeeze(1)
 
 
 def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> float:
@@ -39,13 +32,13 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> f
     )
 
 
-def discriminator_step(d_net: GradSampleModule, opt_d: DPOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
+def discriminator_step(d_net: GradSampleModule, opt_d: DPSGDOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
                        x_fake: torch.Tensor, y_fake: torch.Tensor) -> torch.Tensor:
     """One DP-SGD step of D (Abadi et al. 2016, Alg. 1 lines 5–9) on real + fake rows.
 
     Real rows come from a Poisson batch; the fake rows have a fixed, data-independent count,
     so adding or removing one record adds or removes one clipped per-sample gradient:
-    ℓ2 sensitivity C, noise N(0, σ²C²) added by opacus' DPOptimizer.
+    ℓ2 sensitivity C, noise N(0, σ²C²) added by the DP-SGD optimizer from the secret stream.
     """
     xb, yb = torch.cat([x_real, x_fake]), torch.cat([y_real, y_fake])
     target = torch.cat([torch.ones(len(x_real), device=xb.device), torch.zeros(len(x_fake), device=xb.device)])
@@ -89,25 +82,25 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     g_net = CondGenerator(k, shape, z_dim=int(hp.z_dim), width=int(hp.g_width)).to(dev)
     d_net = GradSampleModule(ProjectionDiscriminator(k, shape, width=int(hp.d_width)).to(dev), loss_reduction="sum")
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
-    gens = {"sample": run.torch_generator(1), "noise": run.torch_generator(2), "fake": run.torch_generator(3)}
+    g_sample, g_noise, g_fake = run.secret_rng("sample"), run.secret_rng("noise"), run.rng("fake")
 
     state = run.resume_state["state"] if run.resume_state else None
     sigma = float(state["sigma"]) if state else plan_noise(hp, ledger, q, d_steps)
-    opt_d = DPOptimizer(torch.optim.Adam(d_net.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas)),
-                        noise_multiplier=sigma, max_grad_norm=float(hp.clip), expected_batch_size=batch,
-                        loss_reduction="sum", generator=gens["noise"])
+    opt_d = DPSGDOptimizer(torch.optim.Adam(d_net.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas)),
+                           noise_multiplier=sigma, max_grad_norm=float(hp.clip), expected_batch_size=batch,
+                           loss_reduction="sum", generator=g_noise)
     if state:
         g_net.load_state_dict(state["g"])
         d_net._module.load_state_dict(state["d"])
         opt_g.load_state_dict(state["opt_g"])
         opt_d.original_optimizer.load_state_dict(state["opt_d"])
-        run.restore_generators(gens)
+        run.restore_rngs()
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("dpgan: q=%.5f sigma=%.4f clip=%g, %d discriminator steps allowed", q, sigma, hp.clip, guard.remaining)
 
     def fake(m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.randint(0, k, (m,), generator=gens["fake"], device=dev)
-        z = torch.randn(m, g_net.z_dim, generator=gens["fake"], device=dev)
+        y = torch.randint(0, k, (m,), generator=g_fake, device=dev)
+        z = torch.randn(m, g_net.z_dim, generator=g_fake, device=dev)
         return g_net(z, y), y
 
     def snapshot() -> dict:
@@ -121,7 +114,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         for _ in range(int(hp.n_critic)):
             if not guard.allows():
                 break
-            idx = poisson_batch(n, q, gens["sample"], dev)
+            idx = poisson_batch(n, q, g_sample, dev)  # one host sync per step (opacus needs a concrete batch)
             with torch.no_grad():
                 xf, yf = fake(batch)
             loss_d = discriminator_step(d_net, opt_d, x_all[idx], y_all[idx], xf, yf)
@@ -130,15 +123,15 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             # Generator step: gradients reach G only through the DP-trained D (post-processing).
             d_net.disable_hooks()
             opt_g.zero_grad(set_to_none=True)
-            loss_g = generator_loss(g_net, d_net, batch, k, float(hp.mode_seeking), gens["fake"])
+            loss_g = generator_loss(g_net, d_net, batch, k, float(hp.mode_seeking), g_fake)
             loss_g.backward()
             opt_g.step()
             d_net.enable_hooks()
             it += 1
             # tensors: Run converts them to floats only on log steps (no host sync per step)
-            run.step_done(it, {"loss_d": loss_d / (2 * batch), "loss_g": loss_g.detach()}, snapshot, gens)
+            run.step_done(it, {"loss_d": loss_d / (2 * batch), "loss_g": loss_g.detach()}, snapshot)
             continue
         log.info("privacy budget reached after %d generator iterations", it)
         break
-    run.finish(it, snapshot(), gens)
+    run.finish(it, snapshot())
     return g_net.eval()

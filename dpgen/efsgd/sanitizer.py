@@ -37,6 +37,7 @@ import torch
 
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.privacy import clip_rows
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
 
 NOISE_RULES = ("sensitivity", "dicesgd")
 
@@ -70,7 +71,7 @@ class ErrorFeedbackSanitizer(Sanitizer):
     """
 
     def __init__(self, clip: float, noise_multiplier: float, clip_error: float, error_feedback: bool = True,
-                 weight: float = 1.0, generator: torch.Generator | None = None, parts: int = 1, classes: int = 1,
+                 weight: float = 1.0, generator: SecretGenerator | None = None, parts: int = 1, classes: int = 1,
                  rule: str = "sensitivity") -> None:
         super().__init__(clip, noise_multiplier, generator)
         if clip_error < clip:
@@ -130,7 +131,8 @@ class ErrorFeedbackSanitizer(Sanitizer):
 
     def sanitize(self, g: torch.Tensor) -> torch.Tensor:
         v = self.update(g)
-        noise = torch.randn(g.shape, generator=self.generator, device=g.device, dtype=g.dtype) * self.noise_std
+        noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+                               mechanism="error-feedback sanitizer noise")
         self.last_release = (v + noise).detach()
         self.calls += 1
         return self.weight * (v + noise) / g.shape[0]

@@ -48,6 +48,8 @@ from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std, row_sensitivity
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, clip_rows
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
+from dpgen.privacy.sampling import uniform_member
 
 log = logging.getLogger("dpgen")
 
@@ -121,25 +123,28 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | Non
 
 
 def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, code_clip: float, code_std: float,
-                  g: torch.Generator | None) -> torch.Tensor:
-    """G's input on the reconstruction path: [μ, onehot(y)], privatised (clip to C_z + Gaussian) unless raw."""
+                  g: SecretGenerator) -> torch.Tensor:
+    """G's input on the reconstruction path: [μ, onehot(y)], privatised (clip to C_z + Gaussian noise from the
+    secret ``g``) unless raw."""
     u = torch.cat([mu, onehot(y, ncls, mu.dtype)], dim=1)
     if not private:
         return u
-    return clip_rows(u, code_clip) + code_std * torch.randn(u.shape, generator=g, device=u.device, dtype=u.dtype)
+    return clip_rows(u, code_clip) + gaussian_noise(u.shape, code_std, g, device=u.device, dtype=u.dtype,
+                                                    mechanism="efsgd code release")
 
 
 def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor, g_net: NoiseInjectionGenerator,
                  ncls: int, private: bool, code_clip: float, code_std: float, kl: float, lr: float,
-                 betas: tuple[float, float], g: torch.Generator) -> torch.Tensor:
-    """One Adam step of E_k on ‖G(u(x, y)) − x‖² + kl·½‖μ‖² (G fixed; its own noise injection on)."""
+                 betas: tuple[float, float], g: torch.Generator, code_gen: SecretGenerator) -> torch.Tensor:
+    """One Adam step of E_k on ‖G(u(x, y)) − x‖² + kl·½‖μ‖² (G fixed; its own noise injection on, from ``g``;
+    the code's noise, as in the release, from the secret ``code_gen``)."""
     p, u = enc.gather(k)
     u = {n: t for n, t in torch.func.vmap(power_iteration)(p, u).items()}
     for n in u:
         enc.u[n][k] = u[n]
     leaves = {n: t[0].detach().requires_grad_(True) for n, t in p.items()}
     mu = enc_forward(leaves, {n: t[0] for n, t in u.items()}, xr)
-    xh = g_net.forward_input(encoder_input(mu, yr, ncls, private, code_clip, code_std, g), g)
+    xh = g_net.forward_input(encoder_input(mu, yr, ncls, private, code_clip, code_std, code_gen), g)
     loss = (xh - xr).pow(2).flatten(1).sum(1).mean() + kl * 0.5 * mu.pow(2).sum(1).mean()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     enc.adam_step(k, {n: gr.unsqueeze(0) for n, gr in zip(leaves, grads)}, lr, betas)
@@ -188,9 +193,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     betas, lr = tuple(hp.betas), float(hp.lr)
     base = EnsembleSetup(hp, data, run, partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim),
                                                 int(hp.g_width), bool(hp.noise_injection), float(hp.sigma_noise)))
-    gens, parts, g_net, g_ema, opt_g = base.gens, base.parts, base.g_net, base.g_ema, base.opt_g
+    parts, g_net, g_ema, opt_g = base.parts, base.g_net, base.g_ema, base.opt_g
+    data_gen, gen_gen, noise_gen = base.data_gen, base.gen_gen, base.noise_gen
     disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
-    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, gens["init"], dev,
+    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, base.init_gen, dev,
                     shared_init=bool(hp.get("shared_init", False)))
            if recon else None)
 
@@ -198,7 +204,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start, recon, private_code)
     ef, c1, c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
     rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
-    san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, gens["noise"], K, ncls, rule)
+    san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, noise_gen, K, ncls, rule)
            for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
     zp = z_noise / math.sqrt(B)
     # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
@@ -235,9 +241,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if y is None:
-            y = torch.randint(0, ncls, (m,), generator=gens["gen"], device=dev)
+            y = torch.randint(0, ncls, (m,), generator=gen_gen, device=dev)
         with torch.no_grad():
-            return g_net(g_net.sample_z(m, gens["gen"], dev), y, gens["gen"]), y
+            return g_net(g_net.sample_z(m, gen_gen, dev), y, gen_gen), y
 
     run.start(T, desc=f"efsgd eps<={ledger.target_epsilon:g}")
     it = run.start_step
@@ -249,24 +255,24 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         assert len(paths) == paths_at(it, c_start, recon, private_code)
         if not budget.allows(it, paths):
             break
-        k = torch.randint(0, K, (1,), generator=gens["data"], device=dev)
-        loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, gens["data"])
-        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, gens["data"])
+        k = uniform_member(K, data_gen, dev)
+        loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, data_gen)
+        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, data_gen)
         recon_batch = None
         if recon:  # E_k on D's last real batch (same samples and labels), then the released code
             x_rec, y_rec = xr[0], yr[0]
             for _ in range(int(hp.encoder.steps)):
                 loss_e = encoder_step(enc, k, x_rec, y_rec, g_net, ncls, private_code, code_clip, code_std,
-                                      float(hp.encoder.kl_weight), lr, betas, gens["gen"])
+                                      float(hp.encoder.kl_weight), lr, betas, gen_gen, noise_gen)
             with torch.no_grad():
                 pe, ue = enc.member(k)
                 code = encoder_input(enc_forward(pe, ue, x_rec), y_rec, ncls, private_code, code_clip, code_std,
-                                     gens["noise"])
+                                     noise_gen)
             recon_batch = (code, x_rec, y_rec)
         if with_c:
             classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
-                             clf_init_fn, lr, betas, gens)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san, B, ncls, gens["gen"],
+                             clf_init_fn, lr, betas, base.init_gen, data_gen)
+        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san, B, ncls, gen_gen,
                                 recon_batch)
         budget.record(paths)
         ema_update(g_ema, g_net, float(hp.ema), it)
@@ -274,6 +280,6 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         scalars = {"loss_d": loss_d.mean(), "loss_g": loss_g}  # tensors: Run syncs them at log time only
         if recon:
             scalars["loss_e"] = loss_e
-        run.step_done(it, scalars, snapshot, gens)
-    run.finish(it, snapshot(), gens)
+        run.step_done(it, scalars, snapshot)
+    run.finish(it, snapshot())
     return g_ema.eval()

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, clip_rows, gaussian_sum_query
+from dpgen.privacy.randomness import SecretGenerator, require_secret
+from dpgen.privacy.sampling import poisson_batch
 
 MEAN_ENTRY = "feta.central_mean"
 MODE_ENTRY = "feta.central_mode"
@@ -42,11 +44,6 @@ def shrink(x: torch.Tensor, size: int) -> torch.Tensor:
     F-MNIST at σ_c=5, brings the RMSE of the mean images to the true class means to 0.122 (nearest: 0.138).
     """
     return x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode="area")
-
-
-def poisson_batch(n: int, q: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Indices of a Poisson-sampled batch: each record joins independently with probability q."""
-    return (torch.rand(n, generator=generator, device=device) < q).nonzero().squeeze(1)
 
 
 def class_mean_sums(x: torch.Tensor, y: torch.Tensor, num_classes: int, clip: float) -> torch.Tensor:
@@ -137,7 +134,7 @@ def noisy_class_histograms(xb: torch.Tensor, yb: torch.Tensor, num_classes: int,
 
 
 def query_central(kind: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, *, num_images: int, q: float,
-                  sigma: float, ledger: PrivacyLedger, generator: torch.Generator, clip: float | None = None,
+                  sigma: float, ledger: PrivacyLedger, generator: SecretGenerator, clip: float | None = None,
                   bins: int | None = None, expected_batch: float | None = None,
                   post: str = "official") -> tuple[torch.Tensor, torch.Tensor]:
     """Query ``num_images`` DP central images (⌈num_images/K⌉ rounds × K classes) and their labels.
@@ -151,8 +148,10 @@ def query_central(kind: str, x: torch.Tensor, y: torch.Tensor, num_classes: int,
     ``post`` (module doc): ``official`` queries at :func:`shrink_size` resolution (C_c defaults to
     √(C·h·w) there, i.e. 14 for 28×28 grey images, and WHC counts the shrunk pixels) and post-processes with
     :func:`official_post`; ``paper`` queries at full resolution and only clamps. ``x`` float N×C×H×W in
-    [0, 1] (the sensitive training split). Returns images in [0, 1] at full resolution.
+    [0, 1] (the sensitive training split). Returns images in [0, 1] at full resolution. The Poisson batches and
+    the noise come from the secret ``generator``.
     """
+    require_secret(generator, "central-image query")
     if kind not in ("mean", "mode"):
         raise DpgenError(f"feta.central must be mean, mode or none, got {kind!r}")
     if post not in POSTS:

@@ -19,6 +19,7 @@ from opacus import GradSampleModule
 
 from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.per_sample import per_record_grads
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 
 def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -88,8 +89,11 @@ def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: f
 
 
 def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,
-                    expected_batch: float, generator: torch.Generator) -> None:
-    """p.grad = (Σ clipped + N(0, σ²C²I)) / B* (Eq. 9; the noise is the only randomness added)."""
+                    expected_batch: float, generator: SecretGenerator) -> None:
+    """p.grad = (Σ clipped + N(0, σ²C²I)) / B* (Eq. 9; the noise, from the secret ``generator``, is the only
+    randomness added)."""
+    require_secret(generator, "DP-SGD noise")
     for p, s in zip(params, sums):
-        noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype) * (sigma * clip)
+        noise = gaussian_noise(s.shape, sigma * clip, generator, device=s.device, dtype=s.dtype,
+                               mechanism="DP-SGD noise")
         p.grad = (s + noise) / expected_batch

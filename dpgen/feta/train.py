@@ -16,11 +16,12 @@ from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
-from dpgen.feta.central import poisson_batch, query_central
+from dpgen.feta.central import query_central
 from dpgen.feta.dpsgd import clipped_grad_sum, clipped_grad_sum_func, set_noisy_grads
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
+from dpgen.privacy.sampling import poisson_batch
 
 log = logging.getLogger("dpgen")
 ENTRY = "feta.dpsgd"
@@ -87,8 +88,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     model = FetaGenerator(k, shape, unet, sampler, chunk=hp.get("sample_chunk")).to(dev)
     ema = copy.deepcopy(model).requires_grad_(False)
     log.info("feta: UNet with %d parameters, central=%s", sum(p.numel() for p in model.parameters()), central)
-    gens = {"central": run.torch_generator(1), "warm": run.torch_generator(2), "sample": run.torch_generator(3),
-            "loss": run.torch_generator(4), "noise": run.torch_generator(5), "aug": run.torch_generator(6)}
+    # secret: the central query, DP-SGD's Poisson batches and noise; public: the warm-up on the released central
+    # images, their augmentation, and the diffusion draws and label dropout of the loss
+    gens = {"central": run.secret_rng("central"), "sample": run.secret_rng("sample"), "noise": run.secret_rng("noise"),
+            "warm": run.rng("warm"), "aug": run.rng("aug"), "loss": run.rng("loss")}
     state = run.resume_state["state"] if run.resume_state else None
     warm_iters = int(hp.warmup_iters) if central != "none" else 0
     total = warm_iters + int(hp.iters)
@@ -115,7 +118,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         ema.load_state_dict(state["ema"])
         opt_w.load_state_dict(state["opt_w"])
         opt.load_state_dict(state["opt"])
-        run.restore_generators(gens)
+        run.restore_rngs()
 
     def snapshot() -> dict:
         return {"model": model.state_dict(), "ema": ema.state_dict(), "opt_w": opt_w.state_dict(),
@@ -138,7 +141,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         opt_w.step()
         ema_update(ema, model, ema_decay)
         step += 1
-        run.step_done(step, {"loss_warm": loss.detach()}, snapshot, gens)  # read every log_every steps only
+        run.step_done(step, {"loss_warm": loss.detach()}, snapshot)  # read every log_every steps only
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
     backend = str(hp.get("grad_backend", "torch_func"))
@@ -170,8 +173,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         guard.step()
         ema_update(ema, model, ema_decay)
         step += 1
-        run.step_done(step, {"loss": loss, "batch": float(len(idx))}, snapshot, gens)
+        run.step_done(step, {"loss": loss, "batch": float(len(idx))}, snapshot)
     if gsm is not None:
         gsm.remove_hooks()
-    run.finish(step, snapshot(), gens)
+    run.finish(step, snapshot())
     return ema.eval()

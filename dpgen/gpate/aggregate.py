@@ -13,6 +13,8 @@ from typing import Iterable
 
 import torch
 
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
+
 
 def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, device: torch.device,
                         basis: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,27 +103,30 @@ class GNMaxResult:
 
 
 def confident_gnmax(counts: torch.Tensor, threshold: float | None, sigma1: float, sigma2: float,
-                    generator: torch.Generator) -> GNMaxResult:
+                    generator: SecretGenerator) -> GNMaxResult:
     """Confident-GNMax (Papernot et al. 2018, Alg. 1), one query per row of ``counts`` (Q, B).
 
     Answer iff max_i n_i + N(0, σ1²) ≥ T; then release argmax_i n_i + N(0, σ2²).  The argmax
     noise is drawn for every query (unanswered ones included) so RNG use is data-independent.
-    ``threshold`` None: no threshold check (plain GNMax, every query answered, σ1 unused).
+    ``threshold`` None: no threshold check (plain GNMax, every query answered, σ1 unused). Both noises come
+    from the secret ``generator``.
     """
+    require_secret(generator, "Confident-GNMax")
     counts = counts.to(torch.float32)
     q = counts.shape[0]
     if threshold is None:
         answered = torch.ones(q, dtype=torch.bool, device=counts.device)
     else:
-        noisy_max = counts.max(dim=1).values + sigma1 * torch.randn(q, generator=generator, device=counts.device)
+        noisy_max = counts.max(dim=1).values + gaussian_noise((q,), sigma1, generator, device=counts.device,
+                                                              mechanism="Confident-GNMax threshold")
         answered = noisy_max >= threshold
-    noisy = counts + sigma2 * torch.randn(counts.shape, generator=generator, device=counts.device)
+    noisy = counts + gaussian_noise(counts.shape, sigma2, generator, device=counts.device, mechanism="GNMax argmax")
     return GNMaxResult(answered=answered, winner=noisy.argmax(dim=1))
 
 
 def dp_grad_agg(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], shape: tuple[int, ...], c: float, bins: int,
                 k: int, sigma1: float, sigma2: float, threshold: float | None, proj_gen: torch.Generator,
-                noise_gen: torch.Generator, m: int, device: torch.device,
+                noise_gen: SecretGenerator, m: int, device: torch.device,
                 basis: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Alg. 2: the private aggregate Δx_priv (m, *shape) of the teachers' gradients for m samples.
 

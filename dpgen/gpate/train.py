@@ -20,6 +20,7 @@ from dpgen.gpate.ensemble import PartitionSampler, TeacherEnsemble, assign_teach
 from dpgen.gpate.nets import (SAMPLE_STATS, TEACHER_NORMS, GPateGenerator, GPateTabularGenerator, TeacherCNN,
                               TeacherMLP, dcgan_init_, to_model_space)
 from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.randomness import SecretGenerator, require_secret
 
 log = logging.getLogger("dpgen")
 ENTRY = "gpate.confident_gnmax"
@@ -123,21 +124,23 @@ def calibrate_sigmas(ledger: PrivacyLedger, ratio: float, queries: int, threshol
     return ratio * rdp.SQRT2 * z, rdp.SQRT2 * z
 
 
-def laplace_noise(n: int, scale: float, generator: torch.Generator) -> torch.Tensor:
+def laplace_noise(n: int, scale: float, generator: SecretGenerator) -> torch.Tensor:
     """n draws of Laplace(0, ``scale``) (float64, on the generator's device), by inverse CDF so that they come
-    from the run's seeded generator."""
+    from the run's secret ``generator``."""
+    require_secret(generator, "Laplace noise")
     dev = generator.device
     u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev).clamp(1e-12, 1 - 1e-12)
     return torch.distributions.Laplace(torch.zeros((), dtype=torch.float64, device=dev), scale).icdf(u)
 
 
 def private_class_prior(y: np.ndarray, num_classes: int, eps_prior: float, ledger: PrivacyLedger,
-                        generator: torch.Generator) -> list[float]:
+                        generator: SecretGenerator) -> list[float]:
     """Class distribution by the Laplace mechanism (G-PATE §6.2, credit: ε=0.01).
 
     A record changes one class count by 1 (add/remove-one): L1 sensitivity 1, scale b = 1/ε,
     recorded as a Laplace entry with noise multiplier b/1.
     """
+    require_secret(generator, "Laplace class prior")
     counts = torch.bincount(torch.as_tensor(y, device=generator.device), minlength=num_classes).double()
     b = 1.0 / eps_prior
     noise = laplace_noise(num_classes, b, generator)
@@ -220,8 +223,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     n_t, m, k = cfg["teachers"], cfg["batch"], cfg["k"]
     work_shape = [shape[0], cfg["work_size"], cfg["work_size"]] if cfg["work_size"] else shape
     queries_per_iter = m * k
-    gens = {"sample": run.torch_generator(1), "fake": run.torch_generator(2), "proj": run.torch_generator(3),
-            "noise": run.torch_generator(4)}
+    # public: G's latents/labels and the data-independent projections; secret: the GNMax and Laplace noise
+    fake_gen, proj_gen, noise_gen = run.rng("fake"), run.rng("proj"), run.secret_rng("noise")
     state = run.resume_state["state"] if run.resume_state else None
 
     # --- data (only reaches the teachers) and the DP class prior --------------------------------
@@ -234,7 +237,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     y_all = torch.as_tensor(data.train.y, dtype=torch.long, device=dev)
     prior = state["prior"] if state else None
     if prior is None and bool(hp.dp_class_prior) and not state:
-        prior = private_class_prior(data.train.y, k_cls, float(hp.prior_eps), ledger, gens["noise"])
+        prior = private_class_prior(data.train.y, k_cls, float(hp.prior_eps), ledger, noise_gen)
     owner = assign_teachers(data.train.x, n_t, seed=run.seed)
     sampler = PartitionSampler(owner, n_t, dev)
 
@@ -285,12 +288,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
              ledger.accounting)
 
     def draw_z() -> torch.Tensor:
-        return torch.rand(m, cfg["z_dim"], generator=gens["fake"], device=dev) * 2 - 1
+        return torch.rand(m, cfg["z_dim"], generator=fake_gen, device=dev) * 2 - 1
 
     def draw_labels() -> torch.Tensor:
         if prior_t is None:
-            return torch.randint(0, k_cls, (m,), generator=gens["fake"], device=dev)
-        return torch.multinomial(prior_t, m, replacement=True, generator=gens["fake"])
+            return torch.randint(0, k_cls, (m,), generator=fake_gen, device=dev)
+        return torch.multinomial(prior_t, m, replacement=True, generator=fake_gen)
 
     def teacher_step(z: torch.Tensor, shared_fake: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Alg. 1 lines 9–10 for all teachers at once (non-private: teachers are never released).
@@ -327,7 +330,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         ens.load_state_dict(state["teachers"])
         sampler.load_state_dict(state["sampler"])
         agreement += float(state["agreement_sum"])
-        run.restore_generators(gens)
+        run.restore_rngs()
     else:
         for _ in range(int(hp.teacher_warmup)):
             teacher_step(draw_z(), shared_fakes())
@@ -355,7 +358,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             x = g_net(z, y, update_stats=True)
         xd = x.detach()
         dx, side = dp_grad_agg(ens.input_grads_chunks(xd, y), tuple(xd.shape[1:]), cfg["c"], cfg["bins"], k,
-                               cfg["sigma1"], cfg["sigma2"], cfg["threshold"], gens["proj"], gens["noise"], m, dev,
+                               cfg["sigma1"], cfg["sigma2"], cfg["threshold"], proj_gen, noise_gen, m, dev,
                                basis=basis)
         if guard is None:  # paper: the sound entry is still recorded, sound_epsilon reports it
             ledger.record(ENTRY, nm, count=queries_per_iter)
@@ -377,10 +380,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if paper_acct is not None and it % run.log_every == 0:
             paper_acct.flush()  # the logged epsilon reads every iteration so far
         run.step_done(it, {"loss_g": loss_g.detach(), "loss_t": loss_t, "agreement": side["agreement"],
-                           "answer_rate": side["answer_rate"]}, snapshot, gens)
+                           "answer_rate": side["answer_rate"]}, snapshot)
     if n_agree:
         mean_agreement = float(agreement) / n_agree
         log.info("teachers' agreement on the top voted bin: %.4f (mean over %d iterations)", mean_agreement, n_agree)
         run.extra_metrics["teacher_agreement"] = mean_agreement
-    run.finish(it, snapshot(), gens)
+    run.finish(it, snapshot())
     return g_net.eval()

@@ -16,6 +16,8 @@ from dpgen.privacy.ledger import (
     parse_epsilon,
 )
 from dpgen.privacy.mechanisms import clip_rows, gaussian_sum_query
+from dpgen.privacy.randomness import (PublicRandomnessError, SecretGenerator, gaussian_noise, require_secret,
+                                      secret_generator)
 
 __all__ = [
     "PrivacyLedger",
@@ -30,4 +32,9 @@ __all__ = [
     "calibrate_steps",
     "clip_rows",
     "gaussian_sum_query",
+    "SecretGenerator",
+    "PublicRandomnessError",
+    "secret_generator",
+    "require_secret",
+    "gaussian_noise",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "EventBuilder",
     "BudgetGuard",
     "PRIVACY_OFF_NOTE",
+    "FIXED_NOISE_SEED_NOTE",
     "check_delta",
     "check_epsilon",
     "compute_epsilon",
@@ -55,6 +56,12 @@ PRIVACY_OFF_NOTE = (
     "eps=inf: privacy-off reference run. Every noise multiplier is 0 (clipping, sampling and all other "
     "code paths are those of a private run), so no (epsilon, delta) guarantee holds: epsilon is infinite. "
     "Use it as the upper-bound row, never as a private result."
+)
+
+FIXED_NOISE_SEED_NOTE = (
+    "privacy.noise_seed is set: the mechanisms' randomness (sampling, partition draws, every noise) is fixed by a "
+    "value in the run's config, so anyone with the config can replay it and the release has no DP guarantee "
+    "(epsilon is what the mechanisms would cost with secret randomness). For debugging and tests only."
 )
 
 _SAMPLINGS = ("poisson", "none")
@@ -438,6 +445,9 @@ class PrivacyLedger:
     :attr:`privacy_off` is true, calibration returns noise multiplier 0, budget
     guards never bind, and ``privacy.json`` reports ``epsilon: Infinity`` with
     ``valid_dp_guarantee: false``.
+
+    ``fixed_randomness=True``: the mechanisms drew from streams that ``privacy.noise_seed`` fixed, so the
+    release has no DP guarantee whatever its epsilon (``valid_dp_guarantee: false``, with the reason).
     """
 
     def __init__(
@@ -446,6 +456,7 @@ class PrivacyLedger:
         target_epsilon: float | None = None,
         accountant: str = "rdp",
         accounting: str = "sound",
+        fixed_randomness: bool = False,
     ) -> None:
         self.delta = _check_ledger_delta(delta)
         if target_epsilon is not None:
@@ -454,6 +465,7 @@ class PrivacyLedger:
         self.target_epsilon: float | None = target_epsilon
         self.accountant = _check_choice("privacy accountant", accountant, _ACCOUNTANTS)
         self.accounting = _check_choice("privacy accounting", accounting, _ACCOUNTINGS)
+        self.fixed_randomness = bool(fixed_randomness)
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
         self.paper_epsilon: Callable[[list[LedgerEntry], float], float] | None = None
@@ -548,8 +560,8 @@ class PrivacyLedger:
 
     @property
     def valid_dp_guarantee(self) -> bool:
-        """Sound accounting and a finite epsilon (a noiseless release guarantees nothing)."""
-        return self.accounting == "sound" and not any(e.noiseless for e in self.entries)
+        """Sound accounting, a finite epsilon (a noiseless release guarantees nothing) and secret randomness."""
+        return self.accounting == "sound" and not self.fixed_randomness and not any(e.noiseless for e in self.entries)
 
     def budget_guard(
         self,
@@ -577,6 +589,7 @@ class PrivacyLedger:
             "target_epsilon": None if self.target_epsilon is None else float(self.target_epsilon),
             "accountant": str(self.accountant),
             "accounting": str(self.accounting),
+            "fixed_randomness": bool(self.fixed_randomness),
             "entries": [e.to_dict() for e in self.entries],
             "notes": [str(n) for n in self.notes],
         }
@@ -603,6 +616,9 @@ class PrivacyLedger:
             raise DpgenError("corrupt privacy ledger: accountant and accounting must be strings")
         _check_choice("privacy accountant", accountant, _ACCOUNTANTS)
         _check_choice("privacy accounting", accounting, _ACCOUNTINGS)
+        fixed = d.get("fixed_randomness", False)
+        if not isinstance(fixed, bool):
+            raise DpgenError("corrupt privacy ledger: fixed_randomness must be true or false")
         raw_entries, raw_notes = d["entries"], d.get("notes", [])
         if not isinstance(raw_entries, list) or len(raw_entries) > 100_000:
             raise DpgenError("corrupt privacy ledger: entries must be a list of at most 100000 entries")
@@ -620,7 +636,7 @@ class PrivacyLedger:
                     raise DpgenError(f"corrupt privacy ledger entry {str(e.get('name'))[:40]!r}: bad types or sizes")
             entries.append(LedgerEntry.from_dict(e))
         self.delta, self.target_epsilon = delta, target
-        self.accountant, self.accounting = accountant, accounting
+        self.accountant, self.accounting, self.fixed_randomness = accountant, accounting, fixed
         self.entries, self.notes = entries, list(raw_notes)
         self._version += 1
 
@@ -629,6 +645,8 @@ class PrivacyLedger:
         notes = list(self.notes)
         if any(e.noiseless for e in self.entries) and PRIVACY_OFF_NOTE not in notes:
             notes.insert(0, PRIVACY_OFF_NOTE)
+        if self.fixed_randomness and FIXED_NOISE_SEED_NOTE not in notes:
+            notes.insert(0, FIXED_NOISE_SEED_NOTE)
         return {
             "epsilon": float(self.report_epsilon()),
             "delta": float(self.delta),
@@ -636,6 +654,7 @@ class PrivacyLedger:
             "accountant": self.accountant,
             "accounting": self.accounting,
             "valid_dp_guarantee": self.valid_dp_guarantee,
+            "secret_randomness": not self.fixed_randomness,
             "entries": [e.to_dict() for e in self.entries],
             "notes": notes,
             "sound_epsilon": float(self.epsilon()),
@@ -651,8 +670,12 @@ class PrivacyLedger:
         if not isinstance(d, dict):
             raise DpgenError(f"privacy.json must hold an object, got {type(d).__name__}")
         ledger = cls(delta=0.5)
-        ledger.load_state_dict({k: d[k] for k in ("delta", "target_epsilon", "accountant", "accounting", "entries", "notes")
-                                if k in d})
+        state = {k: d[k] for k in ("delta", "target_epsilon", "accountant", "accounting", "entries", "notes") if k in d}
+        if "secret_randomness" in d:
+            if not isinstance(d["secret_randomness"], bool):
+                raise DpgenError("privacy.json: secret_randomness must be true or false")
+            state["fixed_randomness"] = not d["secret_randomness"]
+        ledger.load_state_dict(state)
         return ledger
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ from typing import Union
 import torch
 
 from dpgen.privacy.ledger import EventBuilder, PrivacyLedger
+from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 __all__ = ["clip_rows", "gaussian_sum_query"]
 
@@ -51,7 +52,7 @@ def gaussian_sum_query(
     sampling: str = "none",
     sampling_rate: float = 1.0,
     clip_norm: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: SecretGenerator,
 ) -> torch.Tensor:
     """Release ``sum_i values[i] + N(0, (noise_multiplier * sensitivity)^2 I)`` and record it.
 
@@ -71,8 +72,9 @@ def gaussian_sum_query(
     ``noise_multiplier=0`` is the ``eps=inf`` reference: recorded, epsilon infinite;
     ``sampling``/``sampling_rate``, if given, must match the event's).  The
     sampling itself (e.g. a Poisson data loader) is the caller's job; this
-    only records it.
+    only records it. The noise comes from the secret ``generator`` (:func:`gaussian_noise`).
     """
+    require_secret(generator, name or "gaussian_sum_query")
     if not isinstance(values, torch.Tensor) or values.dim() == 0:
         raise ValueError("values must be a tensor with a leading example dimension")
     sensitivity = float(sensitivity)
@@ -99,8 +101,9 @@ def gaussian_sum_query(
     if clip_norm is not None:
         x = clip_rows(x, float(clip_norm))
     total = x.sum(dim=0)
-    noise = torch.randn(total.shape, generator=generator, dtype=total.dtype, device=total.device)
-    out = total + noise * (noise_multiplier * sensitivity)
+    noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
+                           dtype=total.dtype, mechanism=name or "gaussian_sum_query")
+    out = total + noise
 
     if isinstance(record, EventBuilder):
         record.add_gaussian(noise_multiplier)
