@@ -139,7 +139,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
             planned.append(int(total))
             super().start(total, desc)
 
-        def step_done(self, step, scalars, state_fn, generators=None) -> None:
+        def step_done(self, step, scalars, state_fn) -> None:
             _sync(dev)
             stamps.append(time.perf_counter())
             if len(stamps) >= n1 + warmup + steps:
@@ -158,7 +158,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         torch.cuda.reset_peak_memory_stats(dev)
     with tempfile.TemporaryDirectory() as tmp:
         run = ProfileRun(tmp, ledger, dev, 0, {}, checkpoint_every=10**9, log_every=10**9, progress=False,
-                         tensorboard=False)
+                         tensorboard=False, secure_noise=bool(cfg.privacy.secure_noise))
         seed_everything(0)
         ensemble_mod.pretrain = timed_pretrain
         t0 = time.perf_counter()
