@@ -136,15 +136,15 @@ def test_selection_never_touches_real_test_split(digits, cache_dir, monkeypatch)
     res = evaluate(digits.train.x[sub], digits.train.y[sub], digits, cfg, seed=0, cache_dir=cache_dir)
 
     names = [e for e, _ in events]
-    # fits: g2r cnn, g2r mlp, real cnn (epochs=3 is a new cache key), real mlp
-    assert names.count("fit") == 4
+    # fits: g2r cnn (selected, then fixed-schedule), g2r mlp (both), real cnn (epochs=3 is a new cache key), real mlp
+    assert names.count("fit") == 6
     # validation accuracies happen inside fit and never on the test split
     assert any(e == "acc_other" and inside for e, inside in events)
     assert not any(e == "acc_test" and inside for e, inside in events)
-    # test split: once per g2r classifier (right after its fit) and once per real baseline
+    # test split: once per g2r reading (right after its fit) and once per real baseline
     test_idx = [i for i, e in enumerate(names) if e == "acc_test"]
-    assert len(test_idx) == 4
-    assert [names[: i].count("fit") for i in test_idx] == [1, 2, 4, 4]
+    assert len(test_idx) == 6
+    assert [names[: i].count("fit") for i in test_idx] == [1, 2, 3, 4, 6, 6]
     assert res["g2r"]["mlp"]["accuracy"] is not None and res["r2g"]["accuracy"] is not None
 
     # Functional check: scrambling the test LABELS changes nothing about training or selection.

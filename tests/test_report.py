@@ -162,3 +162,20 @@ def test_privacy_off_runs_are_their_own_epsilon_column(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert f"| dpgan | digits | {NO_PRIVACY} | ∞ | sound | False |" in md
     assert f"| {NO_PRIVACY} |" in md.split("## g2r CNN accuracy by target ε")[1]
+
+
+def test_both_g2r_readings_are_collected_and_a_large_selection_gap_is_flagged(runs, tmp_path):
+    from dpgen.report import SELECTION_GAP_FLAG, selection_flags, write_outputs
+
+    for name, (selected, fixed) in {"paper_s0": (0.60, 0.58), "paper_s1": (0.64, 0.62), "quick": (0.30, 0.10)}.items():
+        m = json.loads((runs / name / "metrics.json").read_text())
+        m["g2r"]["cnn"].update(accuracy=selected, fixed={"accuracy": fixed, "epochs": 10}, selection_gap=selected - fixed)
+        (runs / name / "metrics.json").write_text(json.dumps(m))
+    summary = summarise(collect_runs(runs))
+    by_profile = {(r["profile"], r["accounting"], r["method"]): r for r in summary}
+    paper, quick = by_profile[("paper", "sound", "dpgan")], by_profile[("quick", "sound", "dpgan")]
+    assert paper["g2r_cnn_fixed_mean"] == pytest.approx(0.60) and paper["g2r_cnn_mean"] == pytest.approx(0.62)
+    assert selection_flags(paper) == [] and selection_flags(quick) == ["cnn +0.200"] and SELECTION_GAP_FLAG == 0.05
+    assert by_profile[("paper", "paper", "dpgan")]["g2r_cnn_fixed_mean"] is None  # a run without the reading
+    md = Path(write_outputs(summary, collect_runs(runs), tmp_path / "out")[1]).read_text()
+    assert "| selection gap |" in md and "cnn +0.200" in md and "0.620 ± 0.028 (fixed 0.600)" in md

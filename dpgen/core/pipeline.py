@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dpgen.io import atomic_write_json
-from dpgen.core.generator import ReleasedGenerator, balanced_labels, save_generator
+from dpgen.core.generator import ReleasedGenerator, balanced_labels, load_generator, save_generator
 from dpgen.core.methods import load_method
 from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
@@ -172,6 +172,8 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     gen = gen.to(device).eval()
     save_generator(gen, run_dir / "generator.pt", meta={"method": cfg.method.name, "dataset": data.name,
                                                          "classes": list(data.classes)})
+    # from here on only the released file, loaded back as every user loads it: what it cannot rebuild is not released
+    gen = load_generator(run_dir / "generator.pt", device)
     if not data.tabular:
         save_sample_grid(gen, run_dir / "samples.png", int(cfg.samples_per_class), int(cfg.seed))
     atomic_write_json(ledger.to_json(), run_dir / "privacy.json")

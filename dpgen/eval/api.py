@@ -21,7 +21,7 @@ from dpgen.eval import cache as _cache
 from dpgen.eval.classifiers import cnn_unavailable_reason
 from dpgen.eval.cnn_fid import cnn_fid
 from dpgen.eval.config import EvalConfig, resolve_config
-from dpgen.eval.g2r import g2r_accuracy, r2g_accuracy, real_classifier
+from dpgen.eval.g2r import g2r_accuracy, g2r_fixed_accuracy, r2g_accuracy, real_classifier
 from dpgen.eval.inception import inception_metrics
 from dpgen.eval import train_classifier as tc
 
@@ -59,10 +59,14 @@ def evaluate(
     ``x_syn``: uint8 N x C x H x W images (float N x D rows for tabular data); ``y_syn``: int labels.
     Returns a JSON-serialisable dict::
 
-        {"g2r": {"cnn": {"accuracy", "selected_epoch", ...}, "mlp": {...}},
+        {"g2r": {"cnn": {"accuracy", "selected_epoch", ..., "fixed": {"accuracy", "epochs", ...},
+                         "selection_gap"}, "mlp": {...}},
          "r2g": {"classifier", "accuracy"}, "real_accuracy": {"cnn": .., "mlp": ..},
          "cnn_fid": .., "fid": .., "is": .., "is_std": .., "num_synthetic": N, ...}
 
+    ``g2r[kind]["accuracy"]`` is the paper protocol (best epoch on a synthetic hold-out); ``fixed`` the
+    fixed-schedule reading (all samples, last epoch, no selection; ``eval.fixed_reading``) and
+    ``selection_gap`` the first minus the second (see :mod:`dpgen.eval.g2r`).
     A metric that cannot be computed (disabled, tabular data, no local Inception weights) is ``None``
     with a ``<metric>_reason`` string; a g2r entry that cannot be computed is
     ``{"accuracy": None, "reason": ...}``.  Real-data classifiers and Inception statistics of the real
@@ -85,8 +89,13 @@ def evaluate(
             res["g2r"][kind] = {"accuracy": None, "reason": reason}
             continue
         say(f"eval: g2r {kind} on {len(x_syn)} synthetic samples")
-        res["g2r"][kind] = g2r_accuracy(kind, x_syn, y_syn, data, c, device, seed)
-        say(f"eval: g2r {kind} accuracy {res['g2r'][kind]['accuracy']:.4f} (epoch {res['g2r'][kind]['selected_epoch']})")
+        entry = res["g2r"][kind] = g2r_accuracy(kind, x_syn, y_syn, data, c, device, seed)
+        say(f"eval: g2r {kind} accuracy {entry['accuracy']:.4f} (epoch {entry['selected_epoch']})")
+        if c.fixed_reading:
+            entry["fixed"] = g2r_fixed_accuracy(kind, x_syn, y_syn, data, c, device, seed)
+            entry["selection_gap"] = entry["accuracy"] - entry["fixed"]["accuracy"]
+            say(f"eval: g2r {kind} fixed-schedule accuracy {entry['fixed']['accuracy']:.4f} (last of "
+                f"{entry['fixed']['epochs']} epochs, no selection; selection gap {entry['selection_gap']:+.4f})")
     seconds["g2r"] = round(time.perf_counter() - t0, 3)
 
     # --- classifiers trained on the real training split (cached) ---

@@ -27,6 +27,8 @@ class EvalConfig:
     lr: float = 3.0e-4
     val_fraction: float = 0.1
     patience: int | None = 5
+    fixed_reading: bool = True  # also train on ALL samples for fixed_epochs epochs and report the last epoch
+    fixed_epochs: int | None = None  # null: the same as epochs
     mlp_hidden: tuple[int, ...] = (512, 256)
     r2g: bool = True
     r2g_classifier: str = "cnn"
@@ -45,6 +47,11 @@ class EvalConfig:
     def hash_fields(self, *names: str) -> dict[str, Any]:
         """The named settings as a plain dict (for cache keys)."""
         return {n: _plain(getattr(self, n)) for n in names}
+
+    @property
+    def fixed_schedule_epochs(self) -> int:
+        """Epochs of the fixed-schedule g2r reading (``fixed_epochs``, else ``epochs``)."""
+        return self.epochs if self.fixed_epochs is None else self.fixed_epochs
 
 
 def _plain(v: Any) -> Any:
@@ -121,6 +128,8 @@ def resolve_config(cfg: Mapping | EvalConfig | None) -> EvalConfig:
         lr=float(lr),
         val_fraction=float(vf),
         patience=_as_int("patience", vals["patience"], 1, allow_none=True),
+        fixed_reading=_as_bool("fixed_reading", vals["fixed_reading"]),
+        fixed_epochs=_as_int("fixed_epochs", vals["fixed_epochs"], 1, allow_none=True),
         mlp_hidden=mlp_hidden,  # type: ignore[arg-type]
         r2g=_as_bool("r2g", vals["r2g"]),
         r2g_classifier=str(vals["r2g_classifier"]),
