@@ -227,3 +227,24 @@ def test_dataset_celeba_is_logged_and_recorded(tmp_path, monkeypatch, caplog):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["dataset"] == "celeba32" and metrics["dataset_alias"] == "celeba"
     assert json.loads((tmp_path / "run" / "privacy.json").read_text())["delta"] == 1e-6
+
+
+def test_a_run_saved_before_the_latest_keys_still_loads(tmp_path):
+    """A run directory written before privacy.noise_seed/secure_noise and eval.fixed_* existed: its config loads
+    (scripts/evaluate.py can re-evaluate it) with the values that describe it; a key in the file is kept."""
+    from omegaconf import OmegaConf
+
+    from dpgen.core.config import register_configs
+    from dpgen.core.schema import load_run_config
+    from tiny import compose_cfg
+
+    register_configs()
+    cfg = OmegaConf.to_container(compose_cfg("dpgan", "eval.epochs=3"), resolve=True)
+    for block, key in (("privacy", "noise_seed"), ("privacy", "secure_noise"), ("eval", "fixed_reading"),
+                       ("eval", "fixed_epochs")):
+        del cfg[block][key]
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    loaded = load_run_config(tmp_path)
+    assert loaded.privacy.noise_seed is None and loaded.privacy.secure_noise is False
+    assert loaded.eval.fixed_reading is True and loaded.eval.fixed_epochs is None and loaded.eval.epochs == 3

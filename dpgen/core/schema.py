@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
                                spec)
@@ -310,6 +310,33 @@ def _unknown_key(key: str, given: dict[str, str]) -> DpgenError:
 MAX_RUN_CONFIG_BYTES = 2**20
 
 
+#: keys added after runs were saved, with the value that describes a run whose config lacks them (a missing
+#: ``eval`` key takes its :class:`dpgen.eval.config.EvalConfig` default: it only says how to re-evaluate)
+LATER_KEYS: dict[str, Any] = {
+    "privacy.noise_seed": None,      # issue 23: such runs did not fix their noise by this key ...
+    "privacy.secure_noise": False,   # ... and drew one normal per noise coordinate
+}
+
+
+def _fill_later_keys(raw: DictConfig) -> None:
+    """Give a saved config the keys it predates (a key present in the file is kept as written)."""
+    from dpgen.eval.config import EvalConfig
+
+    later = dict(LATER_KEYS)
+    if isinstance(raw.get("eval"), DictConfig):
+        later.update({f"eval.{f.name}": _plain_default(getattr(EvalConfig(), f.name))
+                      for f in dataclasses.fields(EvalConfig)})
+    for key, value in later.items():
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(raw, parent)
+        if isinstance(node, DictConfig) and leaf not in node:
+            node[leaf] = value
+
+
+def _plain_default(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
     """``<run_dir>/.hydra/config.yaml``, typed and checked like a freshly composed config.
 
@@ -330,6 +357,7 @@ def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
         raise DpgenError(f"{cfg_file} is not a valid dpgen run config: unreadable YAML ({type(exc).__name__})") from None
     if not isinstance(raw, DictConfig):
         raise DpgenError(f"{cfg_file} is not a valid dpgen run config: not a mapping")
+    _fill_later_keys(raw)
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainSchema), raw)
         OmegaConf.set_struct(cfg, True)
