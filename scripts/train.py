@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dpgen.cli import fail, precheck, user_errors
+from dpgen.cli import fail, precheck, user_errors, worker_overrides
 from dpgen.core.config import register_configs
 from dpgen.core.methods import CONFIG_DIR
 from dpgen.core.run import TrainingInterrupted
@@ -41,6 +41,7 @@ def main(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = resume_dir(cfg.resume, run_dir) is None  # resume=auto with no checkpoint yet is a fresh run too
+    scratch = run_dir.name.startswith("dpgen-rank")  # a torchrun rank > 0 (rank 0 writes the run): see worker_overrides
     try:
         metrics = run_training(cfg, run_dir)
     except DpgenError as exc:
@@ -51,6 +52,11 @@ def main(cfg: DictConfig) -> None:
     except TrainingInterrupted as exc:
         log.warning("%s; resume with resume=%s", exc, run_dir)
         sys.exit(3)
+    finally:
+        if scratch:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if scratch:
+        return
     g2r = metrics.get("g2r", {}).get("cnn", {}).get("accuracy")
     print(f"run directory: {run_dir}")
     print(f"epsilon spent: see {run_dir / 'privacy.json'}; g2r CNN accuracy: {g2r}")
@@ -66,4 +72,8 @@ def check_args(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     check_args(sys.argv[1:])
+    with user_errors():
+        extra = worker_overrides(sys.argv[1:])
+    if extra:  # ranks > 0 of torchrun: their own scratch directory replaces any given one
+        sys.argv = [a for a in sys.argv if not a.startswith(("hydra.run.dir=", "hydra.output_subdir="))] + extra
     main()

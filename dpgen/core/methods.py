@@ -28,10 +28,12 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 @dataclass(frozen=True)
 class MethodInfo:
     """``module``: the package with ``train()``; ``hparams``: the config block its hyperparameters live in
-    (schema: :data:`dpgen.core.schema.HPARAM_SCHEMAS`)."""
+    (schema: :data:`dpgen.core.schema.HPARAM_SCHEMAS`); ``multi_process``: its ``train`` splits its work over the
+    ranks of ``run.dist`` (``torchrun``, README "Several GPUs"); the others run in one process."""
 
     module: str
     hparams: str
+    multi_process: bool = False
 
 
 #: every method ``method=<name>`` can select (one ``configs/method/<name>.yaml`` each)
@@ -42,8 +44,8 @@ METHODS: dict[str, MethodInfo] = {
     "efsgd": MethodInfo("dpgen.efsgd", "efsgd"),
     "gpate": MethodInfo("dpgen.gpate", "gpate"),
     "dpaf": MethodInfo("dpgen.dpaf", "dpaf"),
-    "feta": MethodInfo("dpgen.feta", "feta"),
-    "dpdm": MethodInfo("dpgen.feta", "feta"),
+    "feta": MethodInfo("dpgen.feta", "feta", multi_process=True),
+    "dpdm": MethodInfo("dpgen.feta", "feta", multi_process=True),
 }
 
 #: every class a ``generator.pt`` may name (``module:qualname``), i.e. every ReleasedGenerator a method's

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dpgen.io import atomic_write_json
+from dpgen.core.dist import Dist, from_env
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, load_generator, save_generator
 from dpgen.core.methods import load_method
 from dpgen.core.resume import resume_dir
@@ -126,10 +127,22 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
 
     ``data`` replaces the dataset ``cfg.dataset`` names (the MIA audit trains on a member subset);
     ``evaluate=False`` skips the shared evaluator (metrics.json then holds the training facts only).
+
+    Under ``torchrun`` every rank calls this: all train (the method splits the work, :mod:`dpgen.core.dist`),
+    rank 0 alone releases, writes and evaluates in ``run_dir`` (rank 0's, sent to the others), and the
+    other ranks return ``{}``.
     """
     quiet_known_noise()
     validate(cfg)
-    device = resolve_device(str(cfg.device))
+    dist, device = from_env(resolve_device(str(cfg.device)))
+    try:
+        return _run_training(cfg, Path(dist.broadcast(str(run_dir))), data, evaluate, dist, device)
+    finally:
+        dist.close()
+
+
+def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, evaluate: bool, dist: Dist,
+                  device: torch.device) -> dict:
     set_threads(cfg.get("threads"))
     seed_everything(int(cfg.seed))
     if cfg.dataset.get("alias"):
@@ -149,10 +162,11 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     run = Run(run_dir, ledger, device, int(cfg.seed), fingerprint(cfg), checkpoint_every=cfg.checkpoint_every,
               log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
               tensorboard=cfg.tensorboard, progress=cfg.progress, noise_seed=noise_seed,
-              secure_noise=bool(cfg.privacy.secure_noise))
+              secure_noise=bool(cfg.privacy.secure_noise), dist=dist)
     method = load_method(cfg.method.name)
-    log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s", cfg.method.name, data.name,
-             len(data.train), target, delta, cfg.profile, device)
+    log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s%s", cfg.method.name, data.name,
+             len(data.train), target, delta, cfg.profile, device,
+             f", {dist.world} processes" if dist.active else "")
     if ledger.privacy_off:
         log.warning("eps=inf: privacy-off reference run (noise multiplier 0, clipping kept); NOT private")
     if noise_seed is not None:
@@ -169,6 +183,8 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
     eps_sound = ledger.epsilon() if ledger.entries else 0.0
     if not ledger.privacy_off and ledger.accounting == "sound" and eps_sound > target * (1 + 1e-9):
         raise RuntimeError(f"privacy budget overrun: epsilon {eps_sound:.6f} > target {target}")  # a bug, never a user error
+    if not dist.main:  # every rank holds the same generator; rank 0 releases and evaluates it
+        return {}
     gen = gen.to(device).eval()
     save_generator(gen, run_dir / "generator.pt", meta={"method": cfg.method.name, "dataset": data.name,
                                                          "classes": list(data.classes)})

@@ -5,10 +5,15 @@ tqdm bar (step, ε spent, losses), tensorboard, ``train.log`` and ``checkpoints/
 Its random streams (:class:`~dpgen.core.streams.RandomStreams`) are public (:meth:`Run.rng`, fixed by
 ``seed``) or secret (:meth:`Run.secret_rng`, from OS entropy): every draw a privacy analysis treats as
 random comes from a secret one.
+
+In a multi-process run (:mod:`dpgen.core.dist`) every rank holds a ``Run`` with the same streams (rank 0's
+secret root, broadcast), so all ranks draw the same samples and noise; rank 0 alone writes the checkpoint,
+tensorboard and the progress bar, and every rank restores from that one checkpoint.
 """
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from dpgen.core.checkpoint import load_checkpoint, rng_state, set_rng_state
+from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.streams import RandomStreams, fixed_root
 from dpgen.io import atomic_save
 from dpgen.errors import DpgenError
@@ -65,6 +71,7 @@ class Run:
         progress: bool = True,
         noise_seed: int | None = None,
         secure_noise: bool = True,
+        dist: Dist = SINGLE,
     ) -> None:
         self.dir = Path(run_dir)
         self.ledger = ledger
@@ -74,9 +81,10 @@ class Run:
         self.checkpoint_every = max(1, int(checkpoint_every))
         self.log_every = max(1, int(log_every))
         self.stop_after = stop_after
-        self.show_progress = progress
+        self.dist = dist
+        self.show_progress = progress and dist.main
         self._writer = None
-        self._tensorboard = tensorboard
+        self._tensorboard = tensorboard and dist.main
         self._pbar: tqdm | None = None
         self._eps_cache: tuple[int, tuple[str, float]] | None = None
         self._t0 = time.time()
@@ -84,9 +92,10 @@ class Run:
         #: training statistics a method wants in metrics.json (under "training"); must be
         #: computed from released/DP quantities or be clearly diagnostic, like the evaluator's
         self.extra_metrics: dict[str, Any] = {}
-        # the secret root: OS entropy, or fixed by privacy.noise_seed (then the run has no DP guarantee)
-        self.streams = RandomStreams(device, seed, None if noise_seed is None else fixed_root(noise_seed),
-                                     secure_noise=secure_noise)
+        # the secret root: OS entropy, or fixed by privacy.noise_seed (then the run has no DP guarantee); rank 0's
+        # on every rank, sent over the process group
+        root = dist.broadcast(secrets.token_hex(32) if noise_seed is None else fixed_root(noise_seed))
+        self.streams = RandomStreams(device, seed, root, secure_noise=secure_noise)
         if resume:
             self._load_resume_state()
 
@@ -130,7 +139,9 @@ class Run:
         """Atomically write ``checkpoints/last.pt`` with the method state, ledger and RNG states.
 
         The checkpoint holds the secret root and the non-private ensemble states: it is private (README
-        "Threat model")."""
+        "Threat model"). Rank 0 writes it; every rank's streams and state are the same."""
+        if not self.dist.main:
+            return
         payload = {
             "step": int(step),
             "state": state,

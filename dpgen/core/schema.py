@@ -201,6 +201,26 @@ class TrainSchema:
         # resume=auto is decided per job by dpgen/core/resume.py (continue if the job's directory has a checkpoint)
         if node.resume is not None and str(node.resume) != "auto" and not Path(str(node.resume)).is_dir():
             raise bad("resume", node.resume, "the directory of an interrupted run")
+        _check_multi_process(node)
+
+
+def _check_multi_process(cfg: Any) -> None:
+    """Under ``torchrun`` (several processes): a method whose ``train`` splits its work over the ranks, with the
+    backend that does."""
+    from dpgen.core.dist import launched_by_torchrun
+    from dpgen.core.methods import METHODS
+
+    if not launched_by_torchrun():
+        return
+    info = METHODS.get(str(cfg.method.name))
+    if info is not None and not info.multi_process:
+        multi = ", ".join(m for m, i in METHODS.items() if i.multi_process)
+        raise DpgenError(f"method={cfg.method.name} trains in one process; launch it without torchrun "
+                         f"(multi-process methods: {multi})")
+    hp = cfg.get(info.hparams) if info is not None else None
+    if hp is not None and str(hp.get("grad_backend", "torch_func")) != "torch_func":
+        raise bad(f"{info.hparams}.grad_backend", hp.grad_backend, "torch_func under torchrun (opacus hooks run in "
+                  "one process)")
 
 
 #: hyperparameter block name -> its schema (the TrainSchema field of the same name)

@@ -8,6 +8,11 @@ to C, the clipped vectors are summed over all micro-batches, Gaussian noise N(0,
 ONCE, and the result is divided by the expected batch size B* (Eq. 9).
 Per-record gradients come from torch.func (``backend="torch_func"``, the default: faster for the UNet in
 bench/dpsgd_overhead.py) or from opacus' GradSampleModule hooks (``backend="opacus"``).
+
+Several processes (:mod:`dpgen.core.dist`, torch.func backend): every rank holds the same Poisson batch (drawn
+from a secret stream all ranks share); rank r computes the clipped per-record gradients of the micro-batches
+j with j mod W = r, the sums are all-reduced, and every rank adds the SAME noise draw (the shared secret
+stream) once to the same total: the noise is added once, as opacus' DistributedDPOptimizer and DPDM do.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Callable
 import torch
 from opacus import GradSampleModule
 
+from dpgen.core.dist import SINGLE, Dist
 from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.per_sample import per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
@@ -53,11 +59,15 @@ def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, tor
 
 
 def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, multiplicity: int,
-                          clip: float, micro_batch: int, generator: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
+                          clip: float, micro_batch: int, generator: torch.Generator,
+                          dist: Dist = SINGLE) -> tuple[list[torch.Tensor], torch.Tensor]:
     """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
 
     The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
     the mean over its K rows, so vmap(grad) returns the K-averaged gradient before clipping directly.
+    With ``dist`` (several ranks, the same ``x``, ``y`` and ``generator`` state on each) this rank computes the
+    micro-batches it owns; the draws of every micro-batch are made on every rank, so the ranks' streams stay
+    equal; the sums and the loss are all-reduced, so every rank returns the whole batch's.
     """
     params = [p for p in denoiser.parameters() if p.requires_grad]
     acc = [torch.zeros_like(p) for p in params]
@@ -67,16 +77,22 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
     def record_loss(call, xr, yr, sr, nr):
         return edm_loss_at(call, xr, yr, sr, nr).mean()
 
-    for s in range(0, x.shape[0], max(1, int(micro_batch))):
+    for j, s in enumerate(range(0, x.shape[0], max(1, int(micro_batch)))):
         xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
         m = xb.shape[0]
         xr, yr = xb.repeat_interleave(k, 0), yb.repeat_interleave(k, 0)
         sigma, noise = edm_draws(xr, generator)
+        if not dist.owns(j):
+            continue
         grads, losses = per_record_grads(denoiser, record_loss, (
             xr.reshape(m, k, *xb.shape[1:]), yr.reshape(m, k), sigma.reshape(m, k), noise.reshape(m, k, *xb.shape[1:])))
         add_clipped(acc, grads, clip)
         loss_total = loss_total + losses.detach().sum() * k
         rows += m * k
+    if dist.active:
+        counts = torch.stack([loss_total, torch.tensor(float(rows), device=x.device)])
+        dist.all_reduce_(acc + [counts])
+        return acc, counts[0] / counts[1].clamp_min(1.0)
     return acc, loss_total / max(rows, 1)
 
 

@@ -144,7 +144,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         run.step_done(step, {"loss_warm": loss.detach()}, snapshot)  # read every log_every steps only
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
-    backend = str(hp.get("grad_backend", "torch_func"))
+    backend = str(hp.get("grad_backend", "torch_func"))  # torchrun: torch_func (checked with the config)
     gsm = GradSampleModule(model.net, loss_reduction="sum") if backend == "opacus" else None
     params = [p for p in model.net.parameters() if p.requires_grad]
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
@@ -163,7 +163,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         yb = drop_labels(y_all[idx], drop, null, gens["loss"])
         if gsm is None:
             sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),
-                                               int(hp.micro_batch), gens["loss"])
+                                               int(hp.micro_batch), gens["loss"], run.dist)
         else:
             sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip),
                                           int(hp.micro_batch))

@@ -1,0 +1,112 @@
+"""The process group a run may span (torch.distributed), launched by ``torchrun``.
+
+``torchrun --nproc_per_node=W scripts/train.py ...`` starts W processes with ``RANK``/``WORLD_SIZE``/
+``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set; :func:`from_env` joins them (NCCL on CUDA, gloo on a CPU)
+and gives each process the GPU of its local rank. One process (no such variables) is :data:`SINGLE`, and
+every helper below is then a no-op, so a single-process run is unchanged.
+
+A run's randomness is shared by all ranks: rank 0 draws the secret root and broadcasts it over the process
+group (never through a file), so every rank draws the same Poisson sample and the same noise. Methods split
+the work (:meth:`Dist.owns`), all-reduce what each rank computed, and then take identical steps on every rank;
+rank 0 alone writes files (:class:`dpgen.core.run.Run`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpgen.errors import DpgenError
+
+__all__ = ["Dist", "SINGLE", "from_env", "launched_by_torchrun"]
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the run: ``rank`` of ``world`` processes, ``local_rank`` on its node."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the process that writes the run's files."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def owns(self, part: int) -> bool:
+        """Whether this rank computes part ``part`` of a round-robin split (every part is computed once)."""
+        return part % self.world == self.rank
+
+    def all_reduce_(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each tensor over the ranks, in place (every rank gets the same sums)."""
+        if self.active:
+            import torch.distributed as td
+
+            for t in tensors:
+                td.all_reduce(t, op=td.ReduceOp.SUM)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (picklable Python objects: a path, a secret root)."""
+        if not self.active:
+            return obj
+        import torch.distributed as td
+
+        box = [obj]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            import torch.distributed as td
+
+            td.barrier()
+
+    def close(self) -> None:
+        if self.active:
+            import torch.distributed as td
+
+            if td.is_initialized():
+                td.destroy_process_group()
+
+
+SINGLE = Dist()
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of several started by ``torchrun`` (``WORLD_SIZE`` > 1)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def from_env(device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the process group ``torchrun`` set up (or :data:`SINGLE` without one) and the device of this rank.
+
+    ``device``: the run's device as configured; CUDA runs put local rank r on ``cuda:r``.
+    """
+    if not launched_by_torchrun():
+        return SINGLE, device
+    import torch.distributed as td
+
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except (KeyError, ValueError):
+        raise DpgenError("WORLD_SIZE > 1 but RANK/LOCAL_RANK are missing: launch with torchrun") from None
+    if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise DpgenError(f"local rank {local} has no GPU ({torch.cuda.device_count()} visible); "
+                             "use --nproc_per_node <= the number of GPUs")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not td.is_initialized():
+        td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")
+    return Dist(rank=rank, world=world, local_rank=local), device

@@ -1,0 +1,136 @@
+"""Issue 25 (DP-SGD part): feta/dpdm on several processes with torchrun, tested on a CPU (gloo, 2 processes).
+
+* a 2-process dpdm run and a 1-process run with the same config (same ``privacy.noise_seed``) record the same
+  ledger and ε and release the same generator up to float summation order;
+* the noise is added once: on a zero-gradient toy the ranks' noisy gradients are identical and their std is
+  σC/B (not √W·σC/B);
+* only rank 0 writes (nothing outside its run directory, no scratch directory left);
+* a 2-process run stopped by ``debug.stop_after`` and resumed ends bit-identical to the uninterrupted 2-process run;
+* a method that trains in one process, or the opacus backend, is refused in one line before anything is written.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import ROOT
+from inprocess import call, files_in, one_error
+
+#: the largest difference allowed between 1- and 2-process weights: the sums of clipped gradients are added
+#: in another order (measured: 7.5e-9)
+WEIGHT_TOL = 1e-6
+
+TINY_DPDM = ["method=dpdm", "dataset=digits", "eps=10", "feta.iters=4", "feta.batch_size=64", "feta.multiplicity=2",
+             "feta.micro_batch=16", "feta.unet.nf=4", "feta.sampler.steps=2", "privacy.noise_seed=3", "progress=false",
+             "tensorboard=false", "threads=1", "checkpoint_every=1", "eval.num_samples=100", "eval.epochs=1",
+             "eval.classifiers=[mlp]", "eval.fid=false", "eval.inception_score=false", "eval.r2g=false",
+             "eval.real_baseline=false", "eval.cnn_fid=false"]
+
+
+def _train(cwd, run_dir, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                     f"--nproc_per_node={procs}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DPGEN_DATA": str(cwd / "data"), "TMPDIR": str(cwd / "tmp"),
+           "PYTHONUNBUFFERED": "1"}
+    (cwd / "tmp").mkdir(exist_ok=True)
+    return subprocess.run([*launcher, str(ROOT / "scripts" / "train.py"), *TINY_DPDM, *extra,
+                           f"hydra.run.dir={run_dir}"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _weights(run_dir) -> dict[str, torch.Tensor]:
+    from dpgen.core.generator import load_generator
+
+    return load_generator(run_dir / "generator.pt").state_dict()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("mp")
+    one, two = _train(cwd, cwd / "one"), _train(cwd, cwd / "two", procs=2)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    return cwd
+
+
+def test_two_processes_release_what_one_process_does(runs):
+    import json
+
+    one, two = (json.loads((runs / d / "privacy.json").read_text()) for d in ("one", "two"))
+    assert one["entries"] == two["entries"] and one["epsilon"] == two["epsilon"]
+    a, b = _weights(runs / "one"), _weights(runs / "two")
+    assert a.keys() == b.keys()
+    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    assert 0 <= diff <= WEIGHT_TOL, diff
+    assert "2 processes" in (runs / "two" / "train.log").read_text()
+
+
+def test_only_rank_zero_writes(runs):
+    assert sorted(p.name for p in (runs / "two").iterdir()) == sorted(p.name for p in (runs / "one").iterdir())
+    assert sorted(p.name for p in runs.iterdir()) == ["one", "tmp", "two"], "nothing outside the run directories"
+    assert not list((runs / "tmp").glob("dpgen-rank*")), "the other rank's scratch directory is removed"
+
+
+def test_a_two_process_run_resumes_bit_exactly(runs):
+    cut = runs / "cut"
+    first = _train(runs, cut, "debug.stop_after=2", procs=2)
+    assert first.returncode != 0 and (cut / "checkpoints" / "last.pt").is_file(), first.stderr[-2000:]
+    assert not list((runs / "tmp").glob("dpgen-rank*")), "an interrupted rank removes its scratch directory too"
+    second = _train(runs, cut, f"resume={cut}", procs=2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    a, b = _weights(runs / "two"), _weights(cut)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _noise_once(rank: int, world: int, port: int, out) -> None:
+    """One DP-SGD noise step of feta on a zero-gradient toy, on ``rank`` of ``world`` gloo processes."""
+    import torch.distributed as td
+
+    from dpgen.core.dist import Dist
+    from dpgen.core.run import Run
+    from dpgen.feta.dpsgd import set_noisy_grads
+    from dpgen.privacy import PrivacyLedger
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    td.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dist = Dist(rank=rank, world=world)
+        run = Run(out / f"r{rank}", PrivacyLedger(delta=1e-5), torch.device("cpu"), 0, {}, tensorboard=False,
+                  progress=False, dist=dist)
+        p = torch.nn.Parameter(torch.zeros(200, 100))
+        sums = [torch.zeros(200, 100)]  # every record's clipped gradient is 0: the release is the noise alone
+        dist.all_reduce_(sums)
+        set_noisy_grads([p], sums, sigma=2.0, clip=1.5, expected_batch=30.0, generator=run.secret_rng("noise"))
+        torch.save(p.grad, out / f"grad{rank}.pt")
+    finally:
+        td.destroy_process_group()
+
+
+def test_the_noise_is_added_once(tmp_path):
+    mp.spawn(_noise_once, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    g0, g1 = torch.load(tmp_path / "grad0.pt"), torch.load(tmp_path / "grad1.pt")
+    assert torch.equal(g0, g1), "every rank adds the same draw (a secret stream shared over the process group)"
+    assert float((g0 * 30.0).std()) == pytest.approx(2.0 * 1.5, rel=0.03)  # σC, not √2·σC
+
+
+def test_single_process_methods_and_the_opacus_backend_are_refused_under_torchrun(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, _, err = call(capsys, "train", "method=dpgan")
+    assert "method=dpgan trains in one process" in one_error(code, err)
+    code, _, err = call(capsys, "train", "method=dpdm", "feta.grad_backend=opacus")
+    assert "feta.grad_backend='opacus' is invalid; expected torch_func under torchrun" in one_error(code, err)
+    assert files_in(tmp_path) == {}
