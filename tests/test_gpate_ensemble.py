@@ -199,7 +199,7 @@ def test_paper_accounting_and_credit_prior_match_the_oracle(tmp_path, monkeypatc
     answered = []
     real_gnmax = aggregate.confident_gnmax
 
-    def unanimous(grad_chunks, proj, c, bins):
+    def unanimous(grad_chunks, proj, c, bins, reduce=None):
         hist = torch.zeros(proj.shape[0], proj.shape[2], bins, dtype=torch.long)
         hist[..., 0] = 250
         return hist

@@ -1,4 +1,5 @@
-"""Issue 25 (DP-SGD part): feta/dpdm on several processes with torchrun, tested on a CPU (gloo, 2 processes).
+"""Issue 25: feta/dpdm (DP-SGD) and gpate (sharded teachers) on several processes with torchrun, tested on a CPU
+(gloo, 2 processes).
 
 * a 2-process dpdm run and a 1-process run with the same config (same ``privacy.noise_seed``) record the same
   ledger and ε and release the same generator up to float summation order;
@@ -6,7 +7,10 @@
   σC/B (not √W·σC/B);
 * only rank 0 writes (nothing outside its run directory, no scratch directory left);
 * a 2-process run stopped by ``debug.stop_after`` and resumed ends bit-identical to the uninterrupted 2-process run;
-* a method that trains in one process, or the opacus backend, is refused in one line before anything is written.
+* a method that trains in one process, or the opacus backend, is refused in one line before anything is written;
+* gpate: the teachers split over the ranks vote, after the all-reduce, exactly as one process's teachers do, rank 0
+  gathers them into a checkpoint that does not depend on the number of ranks, and the released generator is
+  bit-identical to a 1-process run's.
 """
 from __future__ import annotations
 
@@ -33,13 +37,13 @@ TINY_DPDM = ["method=dpdm", "dataset=digits", "eps=10", "feta.iters=4", "feta.ba
              "eval.real_baseline=false", "eval.cnn_fid=false"]
 
 
-def _train(cwd, run_dir, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+def _train(cwd, run_dir, *extra: str, procs: int = 1, base: list[str] = TINY_DPDM) -> subprocess.CompletedProcess:
     launcher = [sys.executable] if procs == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={procs}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPGEN_DATA": str(cwd / "data"), "TMPDIR": str(cwd / "tmp"),
            "PYTHONUNBUFFERED": "1"}
     (cwd / "tmp").mkdir(exist_ok=True)
-    return subprocess.run([*launcher, str(ROOT / "scripts" / "train.py"), *TINY_DPDM, *extra,
+    return subprocess.run([*launcher, str(ROOT / "scripts" / "train.py"), *base, *extra,
                            f"hydra.run.dir={run_dir}"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -134,3 +138,86 @@ def test_single_process_methods_and_the_opacus_backend_are_refused_under_torchru
     code, _, err = call(capsys, "train", "method=dpdm", "feta.grad_backend=opacus")
     assert "feta.grad_backend='opacus' is invalid; expected torch_func under torchrun" in one_error(code, err)
     assert files_in(tmp_path) == {}
+
+
+# ---- gpate: the teachers sharded over the ranks ------------------------------------------------------------------
+TINY_GPATE = ["method=gpate", "dataset=digits", "eps=10", "gpate.teachers=5", "gpate.iters=3", "gpate.batch_size=4",
+              "gpate.proj_dim=3", "gpate.teacher_warmup=1", "gpate.gf_dim=4", "gpate.gfc_dim=16", "gpate.df_dim=4",
+              "gpate.dfc_dim=8", "gpate.chunk=2", *TINY_DPDM[TINY_DPDM.index("privacy.noise_seed=3"):]]
+
+
+def _sharded_votes(rank: int, world: int, port: int, out) -> None:
+    """A 5-teacher ensemble on ``rank`` of ``world`` gloo processes: one training step, its votes, its state."""
+    import torch.distributed as td
+
+    from dpgen.core.dist import Dist
+    from dpgen.gpate.aggregate import projection_matrices, vote_histogram
+    from dpgen.gpate.ensemble import TeacherEnsemble
+    from dpgen.gpate.nets import TeacherCNN
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    td.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        n, m = 5, 4
+        xr, yr = torch.rand(n, m, 1, 8, 8) * 2 - 1, torch.randint(0, 10, (n, m))
+        xf, yf = torch.rand(m, 1, 8, 8) * 2 - 1, torch.randint(0, 10, (m,))
+        x, y = torch.rand(m, 1, 8, 8) * 2 - 1, torch.randint(0, 10, (m,))
+        proj = projection_matrices(m, 64, 3, torch.Generator().manual_seed(1), torch.device("cpu"))
+        dist = Dist(rank=rank, world=world)
+        make = lambda: TeacherCNN(10, [1, 8, 8], df_dim=4, dfc_dim=8, norm="batch")  # noqa: E731
+        ens = TeacherEnsemble(make, n, torch.device("cpu"), chunk=2, seed=7, dist=dist)
+        ens.train_step(TeacherEnsemble.fixed_batch(xr, yr, torch.ones(n, m), xf, yf))
+        hist = vote_histogram(ens.input_grads_chunks(x, y), proj, 0.01, 5, reduce=dist.all_reduce_)
+        state = ens.state_dict()
+        if dist.main:
+            torch.save({"hist": hist, "state": state, "members": list(ens.members)}, out / f"world{world}.pt")
+    finally:
+        td.destroy_process_group()
+
+
+def test_sharded_gpate_votes_and_teachers_equal_the_single_process_ones(tmp_path):
+    """5 teachers over 2 ranks (2 + 3): after a training step the gathered teachers and the all-reduced vote
+    histogram equal one process's bit for bit (teacher i's init, batch and chunk do not depend on the split)."""
+    mp.spawn(_sharded_votes, args=(1, _free_port(), tmp_path), nprocs=1, join=True)
+    mp.spawn(_sharded_votes, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    assert two["members"] == [0, 1] and one["members"] == [0, 1, 2, 3, 4]  # rank 0's shard; rank 1 holds 2-4
+    assert torch.equal(one["hist"], two["hist"]) and int(one["hist"].sum()) == 5 * 4 * 3  # one vote per teacher
+    for name in ("params", "m", "v"):
+        for k, v in one["state"][name].items():
+            assert torch.equal(v, two["state"][name][k]), (name, k)
+
+
+@pytest.fixture(scope="module")
+def gpate_runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("mp_gpate")
+    # chunks of 2 teachers: (0, 1) (2, 3) (4) in one process and on the ranks (0-1 | 2-4), so the same kernels run
+    one = _train(cwd, cwd / "one", base=TINY_GPATE)
+    two = _train(cwd, cwd / "two", procs=2, base=TINY_GPATE)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    return cwd
+
+
+def test_a_two_process_gpate_run_releases_what_one_process_does(gpate_runs):
+    import json
+
+    one, two = (json.loads((gpate_runs / d / "privacy.json").read_text()) for d in ("one", "two"))
+    assert one["entries"] == two["entries"] and one["epsilon"] == two["epsilon"]
+    a, b = _weights(gpate_runs / "one"), _weights(gpate_runs / "two")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the same votes, the same noise, the same generator"
+    ca, cb = (torch.load(gpate_runs / d / "checkpoints" / "last.pt", weights_only=False)["state"]["teachers"]
+              for d in ("one", "two"))
+    assert all(torch.equal(ca["params"][k], cb["params"][k]) for k in ca["params"]), "rank 0 gathered all teachers"
+    assert "teachers sharded over 2 processes" in (gpate_runs / "two" / "train.log").read_text()
+
+
+def test_a_two_process_gpate_checkpoint_resumes_bit_exactly(gpate_runs):
+    cut = gpate_runs / "cut"
+    first = _train(gpate_runs, cut, "debug.stop_after=2", procs=2, base=TINY_GPATE)
+    assert first.returncode != 0 and (cut / "checkpoints" / "last.pt").is_file(), first.stderr[-2000:]
+    second = _train(gpate_runs, cut, f"resume={cut}", procs=2, base=TINY_GPATE)
+    assert second.returncode == 0, second.stderr[-3000:]
+    a, b = _weights(gpate_runs / "two"), _weights(cut)
+    assert all(torch.equal(a[k], b[k]) for k in a)

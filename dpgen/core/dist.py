@@ -40,6 +40,11 @@ class Dist:
     def active(self) -> bool:
         return self.world > 1
 
+    def shard(self, n: int) -> range:
+        """This rank's contiguous block of n members (ensemble sharding): sizes differ by at most one, every member
+        belongs to exactly one rank, and the blocks follow the ranks' order (rank 0 holds the first ones)."""
+        return range(self.rank * n // self.world, (self.rank + 1) * n // self.world)
+
     def owns(self, part: int) -> bool:
         """Whether this rank computes part ``part`` of a round-robin split (every part is computed once)."""
         return part % self.world == self.rank
@@ -51,6 +56,23 @@ class Dist:
 
             for t in tensors:
                 td.all_reduce(t, op=td.ReduceOp.SUM)
+
+    def gather_rows(self, t: torch.Tensor, n: int) -> torch.Tensor | None:
+        """The n rows of a sharded tensor (each rank holds its :meth:`shard` of them) on rank 0, on the host; None
+        on the other ranks. One collective per call: every rank must call it, in the same order."""
+        if not self.active:
+            return t.detach().cpu()
+        import torch.distributed as td
+
+        width = -(-n // self.world)  # the largest shard; shorter ones are padded (gather needs equal shapes)
+        pad = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        pad[:len(t)] = t.detach()
+        bufs = [torch.empty_like(pad) for _ in range(self.world)] if self.main else None
+        td.gather(pad, bufs, dst=0)
+        if not self.main:
+            return None
+        blocks = [Dist(r, self.world).shard(n) for r in range(self.world)]
+        return torch.cat([b[:len(rows)].cpu() for b, rows in zip(bufs, blocks)])
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (picklable Python objects: a path, a secret root)."""

@@ -42,7 +42,7 @@ METHODS: dict[str, MethodInfo] = {
     "gswgan": MethodInfo("dpgen.dpac", "dpac"),
     "dpac": MethodInfo("dpgen.dpac", "dpac"),
     "efsgd": MethodInfo("dpgen.efsgd", "efsgd"),
-    "gpate": MethodInfo("dpgen.gpate", "gpate"),
+    "gpate": MethodInfo("dpgen.gpate", "gpate", multi_process=True),
     "dpaf": MethodInfo("dpgen.dpaf", "dpaf"),
     "feta": MethodInfo("dpgen.feta", "feta", multi_process=True),
     "dpdm": MethodInfo("dpgen.feta", "feta", multi_process=True),

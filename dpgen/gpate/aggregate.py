@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -78,19 +78,23 @@ def project(grads: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
 
 
 def vote_histogram(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], proj: torch.Tensor, c: float,
-                   bins: int) -> torch.Tensor:
+                   bins: int, reduce: Callable[[list[torch.Tensor]], None] | None = None) -> torch.Tensor:
     """Counts (m, k, B): how many teachers vote for each bin of each projected dimension of each sample.
 
     ``grad_chunks`` yields (a, b, Δx) with Δx (b-a, m, ...) for teachers a..b-1 (Alg. 1 line 11);
     each teacher casts exactly one vote per (sample, dimension), so one teacher changing its vote
     moves one count down and one up: ℓ2 sensitivity √2, max-count sensitivity ≤ 1.
+
+    ``reduce``: sums the histogram over the ranks of a sharded ensemble in place (``Dist.all_reduce_``); the
+    counts are integers, so the total is the unsharded histogram bit for bit.
     """
-    hist = None
+    m, _, k = proj.shape
+    hist = torch.zeros((m, k, bins), dtype=torch.long, device=proj.device)
     for _, _, g in grad_chunks:
         idx = bin_index(project(g, proj), c, bins)
-        part = torch.nn.functional.one_hot(idx, bins).sum(0)  # (m, k, B)
-        hist = part if hist is None else hist + part
-    assert hist is not None, "no teachers"
+        hist += torch.nn.functional.one_hot(idx, bins).sum(0)  # (m, k, B)
+    if reduce is not None:
+        reduce([hist])
     return hist
 
 
@@ -127,16 +131,18 @@ def confident_gnmax(counts: torch.Tensor, threshold: float | None, sigma1: float
 def dp_grad_agg(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], shape: tuple[int, ...], c: float, bins: int,
                 k: int, sigma1: float, sigma2: float, threshold: float | None, proj_gen: torch.Generator,
                 noise_gen: SecretGenerator, m: int, device: torch.device,
-                basis: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                basis: torch.Tensor | None = None,
+                reduce: Callable[[list[torch.Tensor]], None] | None = None) -> tuple[torch.Tensor, dict]:
     """Alg. 2: the private aggregate Δx_priv (m, *shape) of the teachers' gradients for m samples.
 
     Returns Δx_priv and side information (NOT released, all device tensors): the vote counts and
     answer mask the data-dependent analysis needs, the teachers' agreement rate on the top bin
-    and the answer rate.
+    and the answer rate. ``reduce``: see :func:`vote_histogram`; every rank then holds the same counts and draws
+    the same noise from the run's shared secret stream, so the noise enters once and all ranks take one step.
     """
     d = int(math.prod(shape))
     proj = projection_matrices(m, d, k, proj_gen, device, basis)
-    hist = vote_histogram(grad_chunks, proj, c, bins)  # (m, k, B)
+    hist = vote_histogram(grad_chunks, proj, c, bins, reduce)  # (m, k, B)
     counts = hist.reshape(m * k, bins)
     res = confident_gnmax(counts, threshold, sigma1, sigma2, noise_gen)
     mids = bin_midpoints(c, bins, device)

@@ -23,7 +23,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.optim.adam import adam as adam_update
 
+from dpgen.core.dist import SINGLE, Dist
 from dpgen.data.partition import record_owners
+from dpgen.privacy.randomness import derive_seed
 
 #: (x_real, y_real, w_real, x_fake, y_fake) of a chunk of teachers, see :meth:`TeacherEnsemble.train_step`
 TeacherBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -49,27 +51,38 @@ def ensemble_bytes(params_per_teacher: int, n: int, chunk: int = 0, dtype_bytes:
 
 
 class TeacherEnsemble:
-    """n teachers of ``make_teacher()``'s architecture, trained non-privately on disjoint partitions."""
+    """n teachers of ``make_teacher()``'s architecture, trained non-privately on disjoint partitions.
+
+    ``dist``: the run's process group; each rank holds and trains only its :meth:`Dist.shard` of the teachers
+    (issue 25), so thousands of large teachers spread over several GPUs. Teacher i's initialisation depends only
+    on (``seed``, i), so an ensemble split over W ranks holds exactly the teachers of the unsplit one.
+    """
 
     def __init__(self, make_teacher: Callable[[], nn.Module], n: int, device: torch.device, chunk: int | None = None,
-                 lr: float = 1e-3, betas: tuple[float, float] = (0.5, 0.999), seed: int = 0) -> None:
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.5, 0.999), seed: int = 0,
+                 dist: Dist = SINGLE) -> None:
         self.n = int(n)
-        self.chunk = self.n if not chunk else max(1, min(int(chunk), self.n))
+        self.dist = dist
+        self.members = dist.shard(self.n)  # the global indices of the teachers this process holds
+        self.offset = self.members.start
+        local = len(self.members)
+        self.chunk = max(local, 1) if not chunk else max(1, min(int(chunk), max(local, 1)))
         self.base = make_teacher().to("meta")  # architecture and hyper-parameters only
-        # initialisation only, independent of the data: a stream of its own on the target device
+        # initialisation only, independent of the data: one public stream per teacher, on the target device
         gen = None if torch.device(device).type == "meta" else torch.Generator(device=device)  # meta: shapes only
-        if gen is not None:
-            gen.manual_seed(int(seed))
         self.params: dict[str, torch.Tensor] = {}
-        for name, p in self.base.named_parameters():
+        for j, (name, p) in enumerate(self.base.named_parameters()):
             # allocated on the device and filled in place (torch's init functions need no temporaries)
-            full = torch.empty((self.n, *p.shape), device=device)
+            full = torch.empty((local, *p.shape), device=device)
             rule = _init_rule(self.base, name)
-            if rule == "trunc_normal":
-                nn.init.trunc_normal_(full, 0.0, 0.02, -0.04, 0.04, generator=gen)
-            elif rule == "normal":
-                full.normal_(0.0, 0.02, generator=gen)
-            else:
+            for row, i in enumerate(self.members):
+                if gen is not None and rule in ("trunc_normal", "normal"):
+                    gen.manual_seed(derive_seed(int(seed), f"gpate.teacher.{i}.{j}"))
+                if rule == "trunc_normal":
+                    nn.init.trunc_normal_(full[row], 0.0, 0.02, -0.04, 0.04, generator=gen)
+                elif rule == "normal":
+                    full[row].normal_(0.0, 0.02, generator=gen)
+            if rule in ("zeros", "ones"):
                 full.fill_(0.0 if rule == "zeros" else 1.0)
             self.params[name] = full
         self.lr, self.betas, self.adam_t = float(lr), tuple(betas), 0
@@ -91,10 +104,13 @@ class TeacherEnsemble:
         return vmap(self._forward_one, in_dims=dims)(p, x, y)
 
     def _chunks(self) -> Iterator[tuple[int, int]]:
-        for a in range(0, self.n, self.chunk):
-            yield a, min(a + self.chunk, self.n)
+        """Global (a, b) of this process's chunks of teachers."""
+        lo, hi = self.members.start, self.members.stop
+        for a in range(lo, hi, self.chunk):
+            yield a, min(a + self.chunk, hi)
 
     def _slice(self, a: int, b: int, grad: bool) -> dict[str, torch.Tensor]:
+        a, b = a - self.offset, b - self.offset
         return {k: (v[a:b].detach().requires_grad_(True) if grad else v[a:b]) for k, v in self.params.items()}
 
     # ---- training ---------------------------------------------------------------------
@@ -106,10 +122,11 @@ class TeacherEnsemble:
         labels, w_real (b-a, m) masking rows (0 for a teacher with an empty partition), and the fakes,
         per teacher x_fake (b-a, m', ...) with labels (b-a, m') (official: teacher i's fakes carry its
         real batch's labels), or one batch (m', ...) shared by all.  See :meth:`fixed_batch`.
-        Returns the mean teacher loss as a device tensor (no host sync).
+        Returns this process's share of the mean teacher loss (sum over its teachers / n) as a device tensor (no
+        host sync); the ranks' shares add up to the mean.
         """
         self.adam_t += 1
-        total = None
+        total = torch.zeros((), device=next(iter(self.params.values())).device)
         for a, b in self._chunks():
             x_real, y_real, w, x_fake, y_fake = batch(a, b)
             shared = x_fake.dim() == x_real.dim() - 1
@@ -122,7 +139,7 @@ class TeacherEnsemble:
             loss = loss_r + loss_f  # (n_chunk,): teacher i's loss depends on its own parameters only
             grads = torch.autograd.grad(loss.sum(), list(p.values()))
             self._adam(a, b, list(grads))
-            total = loss.detach().sum() if total is None else total + loss.detach().sum()
+            total = total + loss.detach().sum()
         return total / self.n
 
     @staticmethod
@@ -142,6 +159,7 @@ class TeacherEnsemble:
         parameter group, no host sync: the step counts live on the device, one set per chunk)."""
         keys = list(self.params)
         steps = self._steps.get(a)
+        a, b = a - self.offset, b - self.offset
         if steps is None:
             steps = self._steps[a] = [torch.zeros((), device=self.params[keys[0]].device) for _ in keys]
         for s in steps:
@@ -172,15 +190,24 @@ class TeacherEnsemble:
 
     # ---- reference loop (tests and benchmark only) -------------------------------------
     def teacher_params(self, i: int) -> dict[str, torch.Tensor]:
-        return {k: v[i] for k, v in self.params.items()}
+        """Teacher i's parameters (i global; this process must hold it)."""
+        return {k: v[i - self.offset] for k, v in self.params.items()}
 
     def state_dict(self) -> dict:
-        return {"params": self.params, "m": self.m, "v": self.v, "t": self.adam_t}
+        """All n teachers' state, as one process holds it: a sharded ensemble is gathered to rank 0 (a collective:
+        every rank calls it; the others get an empty dict), so checkpoints do not depend on the number of ranks."""
+        if not self.dist.active:
+            return {"params": self.params, "m": self.m, "v": self.v, "t": self.adam_t}
+        out = {name: {k: self.dist.gather_rows(v, self.n) for k, v in getattr(self, name).items()}
+               for name in ("params", "m", "v")}
+        return {**out, "t": self.adam_t} if self.dist.main else {}
 
     def load_state_dict(self, d: dict) -> None:
+        """Load all n teachers' state (:meth:`state_dict`), keeping this process's shard."""
+        lo, hi = self.members.start, self.members.stop
         for name in ("params", "m", "v"):
             for k, v in d[name].items():
-                getattr(self, name)[k].copy_(v)
+                getattr(self, name)[k].copy_(v[lo:hi])
         self.adam_t = int(d["t"])
 
     @property

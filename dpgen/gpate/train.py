@@ -262,8 +262,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         make_teacher = lambda: TeacherCNN(k_cls, work_shape, df_dim=int(hp.df_dim), dfc_dim=int(hp.dfc_dim),  # noqa: E731
                                           norm=cfg["teacher_norm"])
     g_net = dcgan_init_(g_net).to(dev)  # official initialisation (resumed runs load their weights below)
-    ens = TeacherEnsemble(make_teacher, n_t, dev, chunk=balanced_chunk(n_t, hp.chunk), lr=float(hp.lr),
-                          betas=tuple(hp.betas), seed=run.seed)
+    # several processes (torchrun): each holds and trains its shard of the teachers; the integer vote histograms
+    # are summed over the ranks before the noise, which every rank draws alike from the shared secret stream
+    shard = run.dist.shard(n_t)
+    ens = TeacherEnsemble(make_teacher, n_t, dev, chunk=balanced_chunk(len(shard), hp.chunk), lr=float(hp.lr),
+                          betas=tuple(hp.betas), seed=run.seed, dist=run.dist)
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr), betas=tuple(hp.betas))
     prior_t = torch.tensor(prior, device=dev) if prior is not None else None
     basis = dct_basis(tuple(work_shape), cfg["proj_basis"], dev) if cfg["projection"] == "dct" else None
@@ -286,6 +289,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
              ens.num_params, sampler.n_empty, cfg["teacher_norm"], cfg["teacher_fakes"], m, k, cfg["projection"],
              cfg["bins"], cfg["c"], cfg["sigma1"], cfg["sigma2"], cfg["threshold"], queries_per_iter, iters,
              ledger.accounting)
+    if run.dist.active:
+        log.info("gpate: teachers sharded over %d processes (this one holds %d-%d)", run.dist.world, shard.start,
+                 shard.stop - 1)
 
     def draw_z() -> torch.Tensor:
         return torch.rand(m, cfg["z_dim"], generator=fake_gen, device=dev) * 2 - 1
@@ -354,12 +360,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         loss_t = torch.zeros((), device=dev)
         for _ in range(int(hp.d_steps)):
             loss_t = teacher_step(z, fake)
+        run.dist.all_reduce_([loss_t])  # each rank's share of the mean teacher loss
         if fake is None:
             x = g_net(z, y, update_stats=True)
         xd = x.detach()
         dx, side = dp_grad_agg(ens.input_grads_chunks(xd, y), tuple(xd.shape[1:]), cfg["c"], cfg["bins"], k,
                                cfg["sigma1"], cfg["sigma2"], cfg["threshold"], proj_gen, noise_gen, m, dev,
-                               basis=basis)
+                               basis=basis, reduce=run.dist.all_reduce_ if run.dist.active else None)
         if guard is None:  # paper: the sound entry is still recorded, sound_epsilon reports it
             ledger.record(ENTRY, nm, count=queries_per_iter)
         else:
