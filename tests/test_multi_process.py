@@ -10,7 +10,9 @@
 * a method that trains in one process, or the opacus backend, is refused in one line before anything is written;
 * gpate: the teachers split over the ranks vote, after the all-reduce, exactly as one process's teachers do, rank 0
   gathers them into a checkpoint that does not depend on the number of ranks, and the released generator is
-  bit-identical to a 1-process run's.
+  bit-identical to a 1-process run's;
+* gswgan/dpac/efsgd: the ranks pre-train their blocks of discriminators and exchange them, ending with the ensemble
+  one process pre-trains, bit for bit; a 2-process gswgan run releases a 1-process run's generator.
 """
 from __future__ import annotations
 
@@ -221,3 +223,68 @@ def test_a_two_process_gpate_checkpoint_resumes_bit_exactly(gpate_runs):
     assert second.returncode == 0, second.stderr[-3000:]
     a, b = _weights(gpate_runs / "two"), _weights(cut)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- gswgan/dpac/efsgd: the discriminator pre-training sharded over the ranks ------------------------------------
+def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
+    """7 (D, warm-up G) pairs in chunks of 2 (4 chunks: 2 per rank), pre-trained on ``world`` gloo processes."""
+    from functools import partial
+
+    import torch.distributed as td
+    from omegaconf import OmegaConf
+
+    from dpgen.core.dist import Dist
+    from dpgen.dpac.ensemble import NetStack
+    from dpgen.dpac.nets import ResNetGenerator, disc_init, sn_init
+    from dpgen.dpac.train import Partitions, pretrain
+    from dpgen.privacy.randomness import secret_generator
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    td.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        k, shape = 7, [1, 8, 8]
+        data = torch.Generator().manual_seed(0)
+        x, y = torch.rand(70, *shape, generator=data) * 2 - 1, torch.randint(0, 10, (70,), generator=data)
+        parts = Partitions([list(range(i, 70, k)) for i in range(k)], torch.device("cpu"))
+        disc = NetStack(partial(disc_init, 10, shape, 4), sn_init, k, torch.Generator().manual_seed(1),
+                        torch.device("cpu"))
+        hp = OmegaConf.create({"pretrain_iters": 2, "critic_iters": 2, "pretrain_chunk": 2, "batch_size": 5, "lr": 1e-4,
+                               "betas": [0.0, 0.99], "gp_weight": 10.0, "drift": 0.0, "g_lr": None})
+        pretrain(disc, parts, x, y, partial(ResNetGenerator, 10, shape, 8, 8), hp, secret_generator("cpu", seed=5), 10,
+                 seed=0, dist=Dist(rank=rank, world=world))
+        torch.save(disc.state_dict(), out / f"pre{world}_r{rank}.pt")
+    finally:
+        td.destroy_process_group()
+
+
+def test_sharded_pretraining_equals_the_single_process_one(tmp_path):
+    """Each rank pre-trains its block of chunks (a chunk's streams depend on its index only), then the ranks
+    exchange their blocks: every rank holds the ensemble one process pre-trains, bit for bit."""
+    mp.spawn(_sharded_pretrain, args=(1, _free_port(), tmp_path), nprocs=1, join=True)
+    mp.spawn(_sharded_pretrain, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    one = torch.load(tmp_path / "pre1_r0.pt")
+    for rank in (0, 1):
+        two = torch.load(tmp_path / f"pre2_r{rank}.pt")
+        assert torch.equal(one["t"], two["t"]) and int(one["t"].min()) == 2 * 2, "every member pre-trained once"
+        for name in ("params", "u", "m", "v"):
+            for n, v in one[name].items():
+                assert torch.equal(v, two[name][n]), (rank, name, n)
+
+
+def test_a_two_process_gswgan_run_releases_what_one_process_does(tmp_path):
+    import json
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import TINY
+
+    base = [*TINY["gswgan"], "dpac.num_discriminators=4", "dpac.pretrain_chunk=2",
+            *[o for o in TINY_DPDM if not o.startswith(("method=", "feta.", "eps="))], "method=gswgan", "eps=10"]
+    one, two = _train(tmp_path, tmp_path / "one", base=base), _train(tmp_path, tmp_path / "two", procs=2, base=base)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.returncode == 0, two.stderr[-3000:]
+    pa, pb = (json.loads((tmp_path / d / "privacy.json").read_text()) for d in ("one", "two"))
+    assert pa["entries"] == pb["entries"] and pa["epsilon"] == pb["epsilon"]
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "chunks done on rank 0" in (tmp_path / "two" / "train.log").read_text()

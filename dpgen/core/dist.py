@@ -74,6 +74,21 @@ class Dist:
         blocks = [Dist(r, self.world).shard(n) for r in range(self.world)]
         return torch.cat([b[:len(rows)].cpu() for b, rows in zip(bufs, blocks)])
 
+    def share_rows_(self, tensors: list[torch.Tensor], blocks: list[range]) -> None:
+        """Rank r's rows ``blocks[r]`` of every tensor copied to every rank, in place (each rank computed its own
+        block of a full-size tensor; afterwards all hold the whole). Exact: rows are copied, never summed."""
+        if not self.active:
+            return
+        import torch.distributed as td
+
+        for src, rows in enumerate(blocks):
+            if not len(rows):
+                continue
+            for t in tensors:
+                buf = t[rows.start:rows.stop].contiguous()
+                td.broadcast(buf, src=src)
+                t[rows.start:rows.stop] = buf
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (picklable Python objects: a path, a secret root)."""
         if not self.active:

@@ -39,9 +39,9 @@ class MethodInfo:
 #: every method ``method=<name>`` can select (one ``configs/method/<name>.yaml`` each)
 METHODS: dict[str, MethodInfo] = {
     "dpgan": MethodInfo("dpgen.dpgan", "dpgan"),
-    "gswgan": MethodInfo("dpgen.dpac", "dpac"),
-    "dpac": MethodInfo("dpgen.dpac", "dpac"),
-    "efsgd": MethodInfo("dpgen.efsgd", "efsgd"),
+    "gswgan": MethodInfo("dpgen.dpac", "dpac", multi_process=True),
+    "dpac": MethodInfo("dpgen.dpac", "dpac", multi_process=True),
+    "efsgd": MethodInfo("dpgen.efsgd", "efsgd", multi_process=True),
     "gpate": MethodInfo("dpgen.gpate", "gpate", multi_process=True),
     "dpaf": MethodInfo("dpgen.dpaf", "dpaf"),
     "feta": MethodInfo("dpgen.feta", "feta", multi_process=True),

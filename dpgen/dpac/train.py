@@ -13,12 +13,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 from functools import partial
 from typing import Callable
 
 import torch
 from omegaconf import DictConfig
 
+from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_by_record
@@ -31,7 +33,7 @@ from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
-from dpgen.privacy.randomness import SecretGenerator, require_secret
+from dpgen.privacy.randomness import SecretGenerator, derive_seed, require_secret
 from dpgen.privacy.sampling import uniform_member
 
 log = logging.getLogger("dpgen")
@@ -172,7 +174,8 @@ def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float, step: i
 
 
 def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor,
-             make_gen: Callable[[], torch.nn.Module], hp: DictConfig, g: torch.Generator, num_classes: int) -> None:
+             make_gen: Callable[[], torch.nn.Module], hp: DictConfig, g: SecretGenerator, num_classes: int,
+             seed: int = 0, dist: Dist = SINGLE) -> None:
     """Non-private warm start of every discriminator on its own partition (official ``pretrain.py``).
 
     ``pretrain_iters`` counts warm-up GENERATOR iterations, each after ``critic_iters`` critic steps, as the
@@ -182,32 +185,54 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
     ``pretrain_chunk`` (D, G) pairs train at once: the discriminators as a :class:`NetStack`, the generators as
     a :class:`GeneratorStack`. The warm-up generators are thrown away; the critic fakes carry the real batch's
     labels (official code).
+
+    Chunk c draws its batches from the secret ``g.fork(c)`` and initialises its warm-up generators from the
+    public (``seed``, c), so a chunk's result does not depend on which process trains it: ``dist`` splits the
+    chunks over the ranks (a contiguous block each, issue 25), and the ranks then exchange their blocks so that
+    every rank holds the whole pre-trained ensemble, as one process would.
     """
     iters, critic, chunk, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.pretrain_chunk), int(hp.batch_size)
     dev, lr, betas, shared = x_all.device, float(hp.lr), tuple(hp.betas), bool(hp.get("shared_init", False))
+    bounds = [(lo, min(lo + chunk, len(disc))) for lo in range(0, len(disc), chunk)]
+    mine = dist.shard(len(bounds))
+    t0, done = time.perf_counter(), 0
 
-    for lo in range(0, len(disc), chunk):
-        members = torch.arange(lo, min(lo + chunk, len(disc)), device=dev)
+    for c in mine:
+        lo, hi = bounds[c]
+        members = torch.arange(lo, hi, device=dev)
         m = len(members)
-        gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas, shared_init=shared)
+        gc = g.fork(c)
+        with torch.random.fork_rng(devices=[]):  # the warm-up generators are built on the host's global stream
+            torch.manual_seed(derive_seed(int(seed), f"pretrain.warmup_generators.{c}"))
+            gens = GeneratorStack(make_gen, m, dev, generator_lr(hp), betas, shared_init=shared)
         n_draw = 1 if shared else m  # with shared_init the members also share z, labels and alpha
 
         def z_draw() -> torch.Tensor:
-            return gens.sample_z(b, g, n_draw).expand(m, -1, -1)
+            return gens.sample_z(b, gc, n_draw).expand(m, -1, -1)
 
         for _ in range(iters):
             for _ in range(critic):
-                idx = parts.sample(members, b, g)
+                idx = parts.sample(members, b, gc)
                 xr, yr = x_all[idx], y_all[idx]
                 with torch.no_grad():
                     xf = gens(z_draw(), yr)
-                alpha = torch.rand(n_draw, b, generator=g, device=dev).expand(m, -1)
+                alpha = torch.rand(n_draw, b, generator=gc, device=dev).expand(m, -1)
                 critic_step(disc, disc_forward, members, xr, yr, xf, yr, alpha, float(hp.gp_weight),
                             float(hp.drift), lr, betas)
-            y = torch.randint(0, num_classes, (n_draw, b), generator=g, device=dev).expand(m, -1)
+            y = torch.randint(0, num_classes, (n_draw, b), generator=gc, device=dev).expand(m, -1)
             gens.step(lambda x: -batched_forward(disc, disc_forward, members, x, y).mean(1).sum(), z_draw(), y)
-        log.info("pre-trained discriminators %d..%d: %d warm-up generator iterations x %d critic steps",
-                 lo, lo + m - 1, iters, critic)
+        done += 1
+        per_chunk = (time.perf_counter() - t0) / done  # once per chunk: the log line reads the clock anyway
+        log.info("pre-trained discriminators %d..%d (%d warm-up generator iterations x %d critic steps): %d of %d "
+                 "chunks done%s, %.1f s per chunk, ETA %.0f s", lo, hi - 1, iters, critic, done, len(mine),
+                 f" on rank {dist.rank}" if dist.active else "", per_chunk, per_chunk * (len(mine) - done))
+    if dist.active:
+        blocks = []
+        for r in range(dist.world):
+            rs = Dist(r, dist.world).shard(len(bounds))
+            blocks.append(range(bounds[rs.start][0], bounds[rs.stop - 1][1]) if len(rs) else range(0))
+        dist.share_rows_([*disc.params.values(), *disc.u.values(), *disc.m.values(), *disc.v.values(), disc.t],
+                         blocks)
 
 
 class IterationBudget:
@@ -347,7 +372,8 @@ class EnsembleSetup:
                 obj.load_state_dict(state[key])
             run.restore_rngs()
         else:
-            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.data_gen, ncls)
+            pretrain(self.disc, self.parts, x_all, y_all, self.make_warmup, hp, self.data_gen, ncls, seed=run.seed,
+                     dist=run.dist)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
