@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import sys
+import time
 
 import pytest
 
@@ -24,20 +27,111 @@ def test_tiny_profile_table(tmp_path, capsys, one_torch_thread):
     assert [r["method"] for r in rows] == ["dpgan", "gpate"]
     for r in rows:
         assert r["device"] == "cpu" and r["s/step"] > 0 and math.isclose(r["steps/s"], 1 / r["s/step"])
+        _check_flops(r)
         assert r["setup s"] >= 0 and r["peak GB"] > 0
         # the tiny runs' own length (tests/tiny.py): dpgan 6 iterations, gpate 3
         assert r["steps (full)"] == {"dpgan": 6, "gpate": 3}[r["method"]]
         assert math.isclose(r["full run h"], (r["setup s"] + r["steps (full)"] * r["s/step"]) / 3600, rel_tol=1e-9)
     table = out.read_text()
-    assert table.splitlines()[0].startswith("| method | dataset | device | s/step") and "| dpgan | digits | cpu |" in table
-    assert table.strip() in capsys.readouterr().out
+    assert table.splitlines()[0].startswith("| method | dataset | device | s/step | GFLOP/step | TFLOP/s |")
+    assert "| dpgan | digits | cpu |" in table
+    captured = capsys.readouterr()
+    assert table.strip() in captured.out
+    # progress while it runs: a line per phase on stderr, every step at first
+    for line in ("[gpu_profile dpgan", "] setup: ", "] main: training starts", "] main: step 1 ", "] main: step 2 "):
+        assert line in captured.err, captured.err
+    assert "s/step so far" in captured.err
+
+
+def _check_flops(row: dict) -> None:
+    """The TFLOP/s column: positive, and FLOPs per step / s per step."""
+    assert row["GFLOP/step"] > 0 and row["TFLOP/s"] > 0, row
+    assert math.isclose(row["TFLOP/s"] * row["s/step"] * 1e12, row["GFLOP/step"] * 1e9, rel_tol=1e-9)
+
+
+def test_budget_stops_the_main_phase_and_reports_the_steps_timed(tmp_path, capsys, one_torch_thread):
+    """A run far longer than the budget stops after about ``--budget`` s with the steps timed by then."""
+    t = time.perf_counter()
+    rows = _bench().main(["--tiny", "--inline", "--methods", "dpgan", "--set", "dpgan.iters=100000", "--steps",
+                          "100000", "--budget", "3", "--data-root", str(tmp_path / "data")])
+    elapsed = time.perf_counter() - t
+    r = rows[0]
+    assert elapsed < 3 + 60  # generous: config, data and one step after the deadline
+    assert 0 < r["steps timed"] < 100000 and r["s/step"] > 0 and r["steps (full)"] == 100000
+    assert "stopped by --budget 3 s in main" in r["notes"] and f"from {r['steps timed']} of 100000" in r["notes"]
+    _check_flops(r)
+    assert math.isclose(r["full run h"], (r["setup s"] + 100000 * r["s/step"]) / 3600, rel_tol=1e-9)
+    assert "budget of 3 s reached in main" in capsys.readouterr().err
+
+
+def test_budget_stops_the_ensemble_pretraining_and_extrapolates_it(tmp_path, one_torch_thread):
+    """The pre-training (a thousand discriminators at paper sizes) is stopped inside: per-pair time and FLOPs are
+    measured, the full pre-training extrapolated, and the row says so instead of failing."""
+    budget = 12  # the tiny setup takes ~3.5 s on a loaded 2-core machine; the pre-training would take hours
+    t = time.perf_counter()
+    rows = _bench().main(["--tiny", "--inline", "--methods", "gswgan", "--set", "dpac.pretrain_iters=100000",
+                          "--budget", str(budget), "--data-root", str(tmp_path / "data")])
+    elapsed = time.perf_counter() - t
+    r = rows[0]
+    assert elapsed < budget + 60
+    assert r["s/step"] is None and r["TFLOP/s"] is None and r["steps timed"] == 0, r
+    notes = r["notes"]
+    assert f"stopped by --budget {budget} s in pretrain" in notes and "no main-phase step timed" in notes, notes
+    m = re.search(r"(\d+) of 100000 iterations run, ([0-9.e+-]+) ms per pair-iteration, ([0-9.e+-]+) GFLOP per "
+                  r"pair-iteration \(([0-9.e+-]+) TFLOP/s\), full pre-training ([0-9.]+) (s|min|h) \(extrapolated\)",
+                  notes)
+    assert m, notes
+    done, ms, gflop, tflops = int(m[1]), float(m[2]), float(m[3]), float(m[4])
+    assert 1 <= done < 100000 and ms > 0 and gflop > 0
+    assert math.isclose(tflops, gflop * 1e9 / (ms / 1e3) / 1e12, rel_tol=0.01)  # rounded in the note
+    # setup = what ran before the pre-training + 4 pairs x 100000 iterations at the measured per-pair time
+    assert r["setup s"] >= 4 * 100000 * ms / 1e3 * 0.99
+
+
+def test_first_phase_counted_apart(tmp_path, one_torch_thread):
+    """dpac's iterations before the classifier: shortened, timed and FLOP-counted apart; the full run counts them
+    inside its planned iterations (12 = 8 without the classifier + 4 with it)."""
+    rows = _bench().main(["--tiny", "--inline", "--methods", "dpac", "--set", "dpac.iters=12", "--set",
+                          "dpac.classifier.start=8", "--steps", "2", "--warmup", "1",
+                          "--data-root", str(tmp_path / "data")])
+    r = rows[0]
+    assert r["steps (full)"] == 12 and r["steps timed"] == 2
+    _check_flops(r)
+    m = re.search(r"first phase \(classifier.start\): 8 steps at ([0-9.e+-]+) s/step, ([0-9.e+-]+) GFLOP/step",
+                  r["notes"])
+    assert m, r["notes"]
+    first_s, first_gflop = float(m[1]), float(m[2])
+    assert 0 < first_gflop < r["GFLOP/step"]  # the main phase trains the classifier too
+    assert math.isclose(r["full run h"], (r["setup s"] + 8 * first_s + 4 * r["s/step"]) / 3600, rel_tol=0.01)
+
+
+def test_child_output_is_relayed_and_an_overdue_child_killed(capsys, monkeypatch):
+    """Subprocess mode: the child's stderr reaches ours line by line; a child past budget + margin is killed and
+    its row says so; a failing child's row gives its last stderr line."""
+    bench = _bench()
+    sleeper = [sys.executable, "-c", "import sys, time; print('progress line', file=sys.stderr, flush=True); "
+               "time.sleep(120)"]
+    t = time.perf_counter()
+    code, out, last = bench.run_child(sleeper, timeout=2)
+    assert code is None and last == "progress line" and time.perf_counter() - t < 60
+    assert "progress line" in capsys.readouterr().err
+
+    monkeypatch.setattr(bench, "KILL_MARGIN_S", 1.0)
+    row = bench.child_row("dpgan", "digits", "cpu", sleeper, budget=1.0)
+    assert row["notes"].startswith("failed: exceeded budget (1 s + 1 s margin)"), row
+    failing = [sys.executable, "-c", "import sys; print('first', file=sys.stderr); sys.exit('boom')"]
+    assert bench.child_row("dpgan", "digits", "cpu", failing, budget=None)["notes"] == "failed: boom"
+    fine = [sys.executable, "-c", "print('noise'); print('{\"method\": \"dpgan\", \"s/step\": 1.0}')"]
+    assert bench.child_row("dpgan", "digits", "cpu", fine, budget=None) == {"method": "dpgan", "s/step": 1.0}
 
 
 @pytest.mark.slow
-def test_profile_runs_each_method_in_a_subprocess(tmp_path):
-    rows = _bench().main(["--tiny", "--methods", "gpate", "--steps", "1", "--warmup", "1",
+def test_profile_runs_each_method_in_a_subprocess(tmp_path, capsys):
+    rows = _bench().main(["--tiny", "--methods", "gpate", "--steps", "1", "--warmup", "1", "--budget", "300",
                           "--data-root", str(tmp_path / "data")])
     assert rows[0]["method"] == "gpate" and rows[0]["s/step"] > 0, rows
+    _check_flops(rows[0])
+    assert "[gpu_profile gpate" in capsys.readouterr().err  # the child's progress, relayed
 
 
 def test_first_phases_are_timed_apart_at_paper_sizes():
