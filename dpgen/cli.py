@@ -19,15 +19,15 @@ EXIT_USER_ERROR = 2
 
 
 def worker_overrides(argv: Sequence[str]) -> list[str]:
-    """What ranks > 0 of a ``torchrun`` launch add to the command line, so that only rank 0 writes: no ``.hydra/``,
+    """What ranks > 0 of a ``torchrun`` (or multi-task ``srun``) launch add to the command line, so that only rank 0 writes: no ``.hydra/``,
     no ``train.log``, and a throwaway run directory (they use rank 0's, sent over the process group). Rank 0 and
     single-process runs add nothing. Several processes cannot run a sweep (``-m``): a one-line error."""
     import os
     import tempfile
 
-    from dpgen.core.dist import launched_by_torchrun
+    from dpgen.core.dist import launched_multi_process
 
-    if not launched_by_torchrun():
+    if not launched_multi_process():
         return []
     if "-m" in argv or "--multirun" in argv:
         raise DpgenError("torchrun runs one training job on several processes; a sweep (-m) is not supported there")

@@ -94,6 +94,24 @@ def test_a_two_process_run_resumes_bit_exactly(runs):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_srun_tasks_join_like_torchrun_ranks(runs):
+    """``srun -n 2 python scripts/train.py ...`` (SLURM's variables, no torchrun): the two tasks form one run that
+    releases the 2-process torchrun run's generator (same split, same order of sums)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DPGEN_DATA": str(runs / "data"), "TMPDIR": str(runs / "tmp"),
+           "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR"):
+        env.pop(key, None)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *TINY_DPDM, f"hydra.run.dir={runs / 'srun'}"]
+    procs = [subprocess.Popen(cmd, cwd=runs, env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    a, b = _weights(runs / "two"), _weights(runs / "srun")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "2 processes" in (runs / "srun" / "train.log").read_text()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

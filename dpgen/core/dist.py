@@ -1,8 +1,9 @@
-"""The process group a run may span (torch.distributed), launched by ``torchrun``.
+"""The process group a run may span (torch.distributed), launched by ``torchrun`` or by ``srun``.
 
 ``torchrun --nproc_per_node=W scripts/train.py ...`` starts W processes with ``RANK``/``WORLD_SIZE``/
-``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set; :func:`from_env` joins them (NCCL on CUDA, gloo on a CPU)
-and gives each process the GPU of its local rank. One process (no such variables) is :data:`SINGLE`, and
+``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set (``srun`` with W tasks sets SLURM's, which
+:func:`adopt_slurm_env` translates, so one run spans several nodes); :func:`from_env` joins them (NCCL on CUDA,
+gloo on a CPU) and gives each process the GPU of its local rank. One process (no such variables) is :data:`SINGLE`, and
 every helper below is then a no-op, so a single-process run is unchanged.
 
 A run's randomness is shared by all ranks: rank 0 draws the secret root and broadcasts it over the process
@@ -20,7 +21,7 @@ import torch
 
 from dpgen.errors import DpgenError
 
-__all__ = ["Dist", "SINGLE", "from_env", "launched_by_torchrun"]
+__all__ = ["Dist", "SINGLE", "adopt_slurm_env", "from_env", "launched_multi_process"]
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,38 @@ class Dist:
 SINGLE = Dist()
 
 
-def launched_by_torchrun() -> bool:
-    """Whether this process is one of several started by ``torchrun`` (``WORLD_SIZE`` > 1)."""
+def adopt_slurm_env() -> None:
+    """Under ``srun`` with several tasks (and no ``torchrun``), set torch.distributed's ``env://`` variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR = the job's first node, MASTER_PORT from the job id) from SLURM's, with
+    submitit's parser of the node list. A no-op otherwise: one task (``hydra/launcher=slurm`` jobs, ``sbatch`` batch
+    steps) or a torchrun launch, whose variables win."""
+    try:
+        tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    except ValueError:
+        return
+    if tasks <= 1 or "WORLD_SIZE" in os.environ or "SLURM_PROCID" not in os.environ:
+        return
+    from submitit.slurm.slurm import SlurmJobEnvironment  # SLURM's variables, its node-list syntax included
+
+    job = SlurmJobEnvironment()
+    # every task derives the same port from the job id; CUDA_VISIBLE_DEVICES is left alone (local rank r takes
+    # cuda:r, see from_env); a MASTER_ADDR/MASTER_PORT set by the job script wins
+    for key, value in {"MASTER_ADDR": job.hostnames[0], "MASTER_PORT": 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 40000,
+                       "RANK": job.global_rank, "WORLD_SIZE": job.num_tasks, "LOCAL_RANK": job.local_rank}.items():
+        os.environ.setdefault(key, str(value))
+
+
+def launched_multi_process() -> bool:
+    """Whether this process is one of several of one run: started by ``torchrun``, or by ``srun`` with several tasks
+    (:func:`adopt_slurm_env` then sets ``WORLD_SIZE``)."""
+    adopt_slurm_env()
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         return False
+
+
+launched_by_torchrun = launched_multi_process  # the name schema.py imports (srun launches count too)
 
 
 def from_env(device: torch.device) -> tuple[Dist, torch.device]:
@@ -129,7 +156,7 @@ def from_env(device: torch.device) -> tuple[Dist, torch.device]:
 
     ``device``: the run's device as configured; CUDA runs put local rank r on ``cuda:r``.
     """
-    if not launched_by_torchrun():
+    if not launched_multi_process():
         return SINGLE, device
     import torch.distributed as td
 
