@@ -328,6 +328,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     progress.tick("setup", f"composing the config and loading {dataset} on {device}")
     from dpgen.core.methods import load_method
     from dpgen.core.pipeline import quiet_known_noise, seed_everything
+    from dpgen.core.precision import training_precision
     from dpgen.core.run import Run
     from dpgen.data import load_dataset
     from dpgen.privacy import PrivacyLedger, parse_epsilon
@@ -360,6 +361,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     elif key:  # a run no longer than the profile (--tiny): its steps are timed together
         notes.append(f"first phase ({key}, {phase1_full} steps) timed with the rest; step 1's FLOPs are of it")
     cfg = _compose(method, dataset, eps, profile, overrides)
+    if str(cfg.precision) != "fp32" or bool(cfg.cudnn_benchmark):  # the row says what it measured
+        notes.append(f"precision={cfg.precision}" + (", cudnn_benchmark" if bool(cfg.cudnn_benchmark) else ""))
     ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
                            accountant=cfg.privacy.accountant, accounting=cfg.privacy.accounting)
     stamps: list[float] = []
@@ -503,7 +506,9 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         try:
             budget_.arm(where)
             budget_.check(where)  # a budget spent by the config and data alone
-            load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
+            # as the pipeline runs it: --set precision=bf16 / cudnn_benchmark=true are measured, not ignored
+            with training_precision(str(cfg.precision), dev, bool(cfg.cudnn_benchmark)):
+                load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
         except _Enough:
             pass
         except _OutOfBudget:

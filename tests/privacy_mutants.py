@@ -44,6 +44,7 @@ DPGAN_WIRING = "tests/test_dpgan_wiring.py"
 FETA_WIRING = "tests/test_feta_wiring.py"
 DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
 SECRET = "tests/test_secret_randomness.py"
+PRECISION = "tests/test_precision.py"
 
 MUTANTS: list[Mutant] = [
     # -- dpgan -------------------------------------------------------------------------------------------
@@ -401,6 +402,17 @@ MUTANTS: list[Mutant] = [
            "        for _ in range(SECURE_DRAWS - 1):", "        for _ in range(0):",
            (SECRET + "::test_secure_noise_has_the_same_mean_and_std",),
            "secure noise sums one draw and divides by 2: std halved"),
+    # precision=bf16 (issue 24): the clipping must stay fp32 (a bf16 norm is off by up to 2^-8 relative)
+    Mutant("precision.feta_clips_bf16_gradients", "dpgen/feta/dpsgd.py",
+           "        per_record = [g.to(a.dtype) for a, g in zip(acc, per_record)]",
+           "        per_record = list(per_record)",
+           (PRECISION + "::test_feta_clipped_sum_is_fp32_under_bf16",),
+           "feta/dpdm clip bf16 per-record gradients in bf16"),
+    Mutant("precision.dpsgd_norms_in_bf16", "dpgen/privacy/optimizer.py",
+           "                    p.grad_sample = _in_dtype(p.grad_sample, p.dtype)",
+           "                    pass",
+           (PRECISION + "::test_dp_sgd_batch_clips_every_record_in_fp32_under_bf16",),
+           "opacus computes the per-sample norms of bf16 gradients in bf16"),
 ]
 
 

@@ -230,8 +230,9 @@ def test_dataset_celeba_is_logged_and_recorded(tmp_path, monkeypatch, caplog):
 
 
 def test_a_run_saved_before_the_latest_keys_still_loads(tmp_path):
-    """A run directory written before privacy.noise_seed/secure_noise and eval.fixed_* existed: its config loads
-    (scripts/evaluate.py can re-evaluate it) with the values that describe it; a key in the file is kept."""
+    """A run directory written before privacy.noise_seed/secure_noise, eval.fixed_* and precision/cudnn_benchmark
+    existed: its config loads (scripts/evaluate.py can re-evaluate it) with the values that describe it; a key
+    in the file is kept."""
     from omegaconf import OmegaConf
 
     from dpgen.core.config import register_configs
@@ -243,8 +244,10 @@ def test_a_run_saved_before_the_latest_keys_still_loads(tmp_path):
     for block, key in (("privacy", "noise_seed"), ("privacy", "secure_noise"), ("eval", "fixed_reading"),
                        ("eval", "fixed_epochs")):
         del cfg[block][key]
+    del cfg["precision"], cfg["cudnn_benchmark"]
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
     loaded = load_run_config(tmp_path)
     assert loaded.privacy.noise_seed is None and loaded.privacy.secure_noise is False
     assert loaded.eval.fixed_reading is True and loaded.eval.fixed_epochs is None and loaded.eval.epochs == 3
+    assert loaded.precision == "fp32" and loaded.cudnn_benchmark is False

@@ -35,6 +35,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+#: fingerprint keys (dpgen.core.pipeline.fingerprint) added after checkpoints were written, with the value that
+#: describes a checkpoint (or a saved config) without them
+LATER_FINGERPRINT_KEYS: dict = {"precision": "fp32"}   # issue 24: earlier runs trained in torch's default precision
+
+
+def fingerprint_diff(stored: dict, current: dict) -> str | None:
+    """The first differing fingerprint settings as "key: old -> new" (None when they agree); a key that a
+    fingerprint predates counts with its :data:`LATER_FINGERPRINT_KEYS` value."""
+    stored, current = {**LATER_FINGERPRINT_KEYS, **stored}, {**LATER_FINGERPRINT_KEYS, **current}
+    diff = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint written by :func:`atomic_save`; any damage becomes a one-line DpgenError.
 

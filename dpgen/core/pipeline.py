@@ -16,9 +16,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dpgen.io import atomic_write_json
+from dpgen.core.checkpoint import fingerprint_diff
 from dpgen.core.dist import Dist, from_env
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, load_generator, save_generator
 from dpgen.core.methods import load_method
+from dpgen.core.precision import training_precision
 from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
 from dpgen.data import load_dataset
@@ -81,14 +83,10 @@ def fingerprint(cfg: DictConfig) -> dict:
         "seed": int(cfg.seed), "profile": cfg.profile, "accounting": cfg.privacy.accounting,
         "accountant": cfg.privacy.accountant, "noise_seed": cfg.privacy.noise_seed,
         "secure_noise": bool(cfg.privacy.secure_noise),
+        # a resumed run continues the same arithmetic (bit-exact resume); cudnn_benchmark only picks kernels
+        "precision": str(cfg.precision),
         "hparams": OmegaConf.to_container(cfg[cfg.method.hparams], resolve=True),
     }
-
-
-def fingerprint_diff(stored: dict, current: dict) -> str | None:
-    """The first differing fingerprint settings as "key: old -> new" (None when they agree)."""
-    diff = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
-    return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
 
 
 def check_resume(cfg: DictConfig, run_dir: Path | None = None) -> None:
@@ -171,9 +169,14 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
         log.warning("eps=inf: privacy-off reference run (noise multiplier 0, clipping kept); NOT private")
     if noise_seed is not None:
         log.warning("privacy.noise_seed is set: the mechanisms' randomness is replayable from the config; NOT private")
+    if str(cfg.precision) != "fp32" or bool(cfg.cudnn_benchmark):
+        log.info("precision=%s cudnn_benchmark=%s for training (clipping, noise and optimizer state stay fp32; "
+                 "sampling and evaluation run in fp32)", cfg.precision, bool(cfg.cudnn_benchmark))
     t0 = time.time()
     try:
-        gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
+        # training only: the released generator is sampled and evaluated below, in fp32
+        with training_precision(str(cfg.precision), device, bool(cfg.cudnn_benchmark)):
+            gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
     finally:
         run.close()
     train_seconds = time.time() - t0

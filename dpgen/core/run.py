@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dpgen.core.checkpoint import load_checkpoint, rng_state, set_rng_state
+from dpgen.core.checkpoint import fingerprint_diff, load_checkpoint, rng_state, set_rng_state
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.streams import RandomStreams, fixed_root
 from dpgen.io import atomic_save
@@ -123,10 +123,8 @@ class Run:
 
     def _load_resume_state(self) -> None:
         ckpt = load_checkpoint(self.checkpoint_path)
-        stored = ckpt.get("fingerprint", {})
-        diff = sorted(k for k in set(stored) | set(self.fingerprint) if stored.get(k) != self.fingerprint.get(k))
-        if diff:
-            shown = ", ".join(f"{k}: {stored.get(k)!r} -> {self.fingerprint.get(k)!r}" for k in diff[:3])
+        shown = fingerprint_diff(ckpt.get("fingerprint", {}), self.fingerprint)
+        if shown:
             raise DpgenError(f"resume config differs from the checkpoint ({shown}); resume with the original settings")
         self.ledger.load_state_dict(ckpt["ledger"])
         self.streams.load_root(ckpt["streams"])

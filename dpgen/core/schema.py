@@ -41,6 +41,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
                                spec)
 from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
+from dpgen.core.precision import BF16_METHODS, PRECISIONS
 from dpgen.errors import DpgenError
 
 
@@ -178,6 +179,9 @@ class TrainSchema:
     samples_per_class: int = spec(ge=1, le=1000)
     tensorboard: bool = MISSING
     progress: bool = MISSING
+    #: the training's arithmetic (dpgen/core/precision.py); the DP path (clipping, noise) stays fp32 under each
+    precision: str = spec(choices=PRECISIONS)
+    cudnn_benchmark: bool = spec()   # cuDNN picks convolution algorithms by timing them (GPU runs not bit-exact)
     debug: DebugSchema = nested(DebugSchema)
     # one hyperparameter block per method family (only the selected method's block is set)
     dpgan: Optional[DpganHparams] = None
@@ -198,6 +202,9 @@ class TrainSchema:
         if not _DEVICE.match(str(node.device)):
             raise bad("device", node.device, "auto, cpu, cuda or cuda:<index>")
         _check_data_root(str(node.data_root))
+        if node.precision == "bf16" and str(node.method.name) not in BF16_METHODS:
+            raise bad("precision", node.precision, f"fp32 or tf32 for method={node.method.name} (bf16 autocast "
+                      f"is supported by {', '.join(BF16_METHODS)}; dpgen/core/precision.py)")
         # resume=auto is decided per job by dpgen/core/resume.py (continue if the job's directory has a checkpoint)
         if node.resume is not None and str(node.resume) != "auto" and not Path(str(node.resume)).is_dir():
             raise bad("resume", node.resume, "the directory of an interrupted run")
@@ -335,6 +342,8 @@ MAX_RUN_CONFIG_BYTES = 2**20
 LATER_KEYS: dict[str, Any] = {
     "privacy.noise_seed": None,      # issue 23: such runs did not fix their noise by this key ...
     "privacy.secure_noise": False,   # ... and drew one normal per noise coordinate
+    "precision": "fp32",             # issue 24: runs before the option trained in torch's default precision ...
+    "cudnn_benchmark": False,        # ... with cuDNN's default (no benchmark)
 }
 
 

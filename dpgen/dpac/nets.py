@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from dpgen.core.generator import ReleasedGenerator
+from dpgen.core.precision import full_precision
 
 Params = dict[str, torch.Tensor]
 CONVS = ("c1", "c2", "c3")
@@ -157,12 +158,16 @@ def sn_init(p: Params, g: torch.Generator) -> Params:
 
 @torch.no_grad()
 def power_iteration(p: Params, u: Params) -> Params:
-    """One power-iteration step per weight (torch's spectral_norm does the same per training forward)."""
+    """One power-iteration step per weight (torch's spectral_norm does the same per training forward).
+
+    Autocast off: the vectors are state kept across steps in the weights' dtype (precision=bf16 would
+    compute them in bf16 and the stack could not store them)."""
     new = {}
-    for k, uk in u.items():
-        w = p[k].reshape(p[k].shape[0], -1)
-        v = F.normalize(w.t() @ uk, dim=0, eps=1e-12)
-        new[k] = F.normalize(w @ v, dim=0, eps=1e-12)
+    with full_precision():
+        for k, uk in u.items():
+            w = p[k].reshape(p[k].shape[0], -1)
+            v = F.normalize(w.t() @ uk, dim=0, eps=1e-12)
+            new[k] = F.normalize(w @ v, dim=0, eps=1e-12)
     return new
 
 

@@ -6,11 +6,17 @@ generated batch whose *backward* replaces each sample's incoming gradient g_i = 
 ``clip(g_i, C) + N(0, (2·C·z)² I)`` and then averages over the batch (÷B, post-processing).
 2C is the per-sample sensitivity: changing one record changes D_k (and C), so g_i may move
 anywhere in the C-ball. Nothing else that depends on the data reaches G.
+
+Under ``precision=bf16`` the generated batch, hence g, may be bf16: the clipping, the noise and the release are
+computed in fp32 with autocast off (:mod:`dpgen.core.precision`), and only the released gradient is cast back
+to g's dtype for G's backward pass (autograd requires a hook to keep the dtype; rounding the noisy release
+is post-processing).
 """
 from __future__ import annotations
 
 import torch
 
+from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.privacy import clip_rows
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
@@ -38,15 +44,19 @@ class Sanitizer:
         return 2.0 * self.clip * self.noise_multiplier
 
     def sanitize(self, g: torch.Tensor) -> torch.Tensor:
-        """Eq. (5) on every row of ``g`` [B, ...]: clip each row to ``clip``, add Gaussian noise; then ÷B."""
-        self.last_norms = g.detach().flatten(1).norm(dim=1)
-        clipped = clip_rows(g, self.clip)
-        noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
-                               mechanism="sanitizer noise")
-        self.last_clipped = clipped.detach()
-        self.last_release = (clipped + noise).detach()
-        self.calls += 1
-        return (clipped + noise) / g.shape[0]
+        """Eq. (5) on every row of ``g`` [B, ...]: clip each row to ``clip``, add Gaussian noise; then ÷B.
+        In at least fp32; the result in g's dtype (see the module docstring)."""
+        dtype = g.dtype
+        with full_precision():
+            g = at_least_fp32(g)
+            self.last_norms = g.detach().flatten(1).norm(dim=1)
+            clipped = clip_rows(g, self.clip)
+            noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+                                   mechanism="sanitizer noise")
+            self.last_clipped = clipped.detach()
+            self.last_release = (clipped + noise).detach()
+            self.calls += 1
+            return ((clipped + noise) / g.shape[0]).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Identity in the forward pass; the backward pass of the returned tensor is sanitised."""

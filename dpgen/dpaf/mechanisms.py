@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.privacy.optimizer import DPSGDOptimizer
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
@@ -15,13 +16,14 @@ def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scal
     ``feats`` are SIN-normalized, so each row has ℓ2 norm ≤ ``sensitivity`` = √m·p and adding or removing
     one sample moves the sum by at most that much. Dividing by a data-independent ``scale`` (the expected
     batch size) is post-processing. The caller records the release in the ledger. The noise comes from the
-    secret ``generator``.
+    secret ``generator``. The sum and the noise are fp32 at least (:mod:`dpgen.core.precision`).
     """
     require_secret(generator, "DPAGG")
-    total = feats.sum(dim=0, keepdim=True)
-    noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
-                           dtype=total.dtype, mechanism="DPAGG")
-    return (total + noise) / scale
+    with full_precision():
+        total = at_least_fp32(feats).sum(dim=0, keepdim=True)
+        noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
+                               dtype=total.dtype, mechanism="DPAGG")
+        return (total + noise) / scale
 
 
 def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generator | None = None,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpgen.core.precision import at_least_fp32
 from dpgen.errors import DpgenError
 
 # Cx1-Cx2-Cx3 defaults by image size (Sec. VI-A: C2-C2-C1 for 64 px CelebA, C3-C1-× for 128 px FFHQ).
@@ -24,7 +25,11 @@ def sin(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     No learnable centre/scale. ``eps`` inside the square root keeps a constant map finite (it maps to 0);
     every map then has ℓ2 norm ≤ p (= p exactly up to ``eps`` for non-constant p×p maps), which is what
     bounds the sensitivity of AGG (Eq. 4).
+
+    In at least fp32 (``x`` from a bf16 convolution under ``precision=bf16`` is cast up first): a map
+    normalised in bf16 may exceed the bound by 2^-8 relative (:mod:`dpgen.core.precision`).
     """
+    x = at_least_fp32(x)
     mu = x.mean(dim=(-2, -1), keepdim=True)
     var = (x - mu).pow(2).mean(dim=(-2, -1), keepdim=True)
     return (x - mu) / torch.sqrt(var + eps)

@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.privacy import clip_rows
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
@@ -107,8 +108,9 @@ class ErrorFeedbackSanitizer(Sanitizer):
 
     def update(self, g: torch.Tensor) -> torch.Tensor:
         """v = clip(g, C1) + clip(e[k, y], C2); e[k, y] += mean residual. Returns v (no noise).
-        Without error feedback v = clip(g, C1)."""
-        g = g.detach()
+        Without error feedback v = clip(g, C1). In at least fp32, the error states included (called with
+        autocast off by :meth:`sanitize`; the states are hidden DP state that clipping must bound exactly)."""
+        g = at_least_fp32(g.detach())
         self.last_norms = g.flatten(1).norm(dim=1)
         clipped = clip_rows(g, self.clip)
         self.last_clipped = clipped
@@ -130,12 +132,17 @@ class ErrorFeedbackSanitizer(Sanitizer):
         return v
 
     def sanitize(self, g: torch.Tensor) -> torch.Tensor:
-        v = self.update(g)
-        noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
-                               mechanism="error-feedback sanitizer noise")
-        self.last_release = (v + noise).detach()
-        self.calls += 1
-        return self.weight * (v + noise) / g.shape[0]
+        """The release v + noise, weighted and ÷B, computed in at least fp32 and returned in g's dtype (as
+        :meth:`Sanitizer.sanitize`)."""
+        dtype = g.dtype
+        with full_precision():
+            g = at_least_fp32(g)
+            v = self.update(g)
+            noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+                                   mechanism="error-feedback sanitizer noise")
+            self.last_release = (v + noise).detach()
+            self.calls += 1
+            return (self.weight * (v + noise) / g.shape[0]).to(dtype)
 
     def state_dict(self) -> dict:
         return {"error": self.error}

@@ -23,6 +23,7 @@ import torch
 from opacus import GradSampleModule
 
 from dpgen.core.dist import SINGLE, Dist
+from dpgen.core.precision import full_precision
 from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.per_sample import per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
@@ -97,11 +98,17 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
 
 
 def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: float) -> None:
-    """acc += Σ_i g_i·min(1, C/‖g_i‖) with ‖g_i‖ the norm over ALL parameters of record i (flat clipping)."""
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
-    factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
-    for a, g in zip(acc, per_record):
-        a.add_(torch.einsum("i,i...->...", factor, g))
+    """acc += Σ_i g_i·min(1, C/‖g_i‖) with ‖g_i‖ the norm over ALL parameters of record i (flat clipping).
+
+    In the accumulators' dtype (fp32) with autocast off: under ``precision=bf16`` autocast would run the
+    einsum in bf16, and per-record gradients may arrive in bf16 (opacus' hooks); a bf16 norm or clipped sum
+    can exceed C by 2^-8 relative (:mod:`dpgen.core.precision`)."""
+    with full_precision():
+        per_record = [g.to(a.dtype) for a, g in zip(acc, per_record)]
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
+        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+        for a, g in zip(acc, per_record):
+            a.add_(torch.einsum("i,i...->...", factor, g))
 
 
 def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,

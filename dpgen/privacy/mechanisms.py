@@ -15,6 +15,7 @@ from typing import Union
 
 import torch
 
+from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.privacy.ledger import EventBuilder, PrivacyLedger
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
@@ -28,18 +29,24 @@ def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
     Abadi et al. 2016 (Alg. 1).  Rows already inside the ball are unchanged;
     up to floating-point rounding (relative ~1e-7 in float32) clipped rows have
     norm exactly ``max_norm``.
+
+    Reduced-precision rows (bf16, fp16, e.g. under ``precision=bf16``) are clipped in fp32 and returned in
+    fp32, with autocast off: a norm or a clipped row rounded to bf16 may exceed ``max_norm`` by up to 2^-8
+    relative, which the sensitivity bound does not allow.
     """
     max_norm = float(max_norm)
     if not math.isfinite(max_norm) or max_norm <= 0.0:
         raise ValueError(f"max_norm must be positive and finite, got {max_norm}")
     if x.dim() == 0:
         raise ValueError("clip_rows needs a tensor with a leading row dimension")
+    x = at_least_fp32(x)
     if x.shape[0] == 0:
         return x.clone()
-    norms = x.reshape(x.shape[0], -1).norm(p=2, dim=1)
-    tiny = torch.finfo(norms.dtype).tiny if norms.dtype.is_floating_point else 1e-30
-    factor = (max_norm / norms.clamp_min(tiny)).clamp(max=1.0)
-    return x * factor.reshape((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
+    with full_precision():
+        norms = x.reshape(x.shape[0], -1).norm(p=2, dim=1)
+        tiny = torch.finfo(norms.dtype).tiny if norms.dtype.is_floating_point else 1e-30
+        factor = (max_norm / norms.clamp_min(tiny)).clamp(max=1.0)
+        return x * factor.reshape((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
 
 
 def gaussian_sum_query(
@@ -97,13 +104,15 @@ def gaussian_sum_query(
     elif not isinstance(record, PrivacyLedger):
         raise TypeError(f"record must be a PrivacyLedger or an EventBuilder, got {type(record).__name__}")
 
-    x = values if values.dtype.is_floating_point else values.to(torch.get_default_dtype())
-    if clip_norm is not None:
-        x = clip_rows(x, float(clip_norm))
-    total = x.sum(dim=0)
-    noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
-                           dtype=total.dtype, mechanism=name or "gaussian_sum_query")
-    out = total + noise
+    # the sum and the noise in at least fp32 (precision=bf16 leaves reduced-precision values to the mechanism)
+    x = at_least_fp32(values) if values.dtype.is_floating_point else values.to(torch.get_default_dtype())
+    with full_precision():
+        if clip_norm is not None:
+            x = clip_rows(x, float(clip_norm))
+        total = x.sum(dim=0)
+        noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
+                               dtype=total.dtype, mechanism=name or "gaussian_sum_query")
+        out = total + noise
 
     if isinstance(record, EventBuilder):
         record.add_gaussian(noise_multiplier)

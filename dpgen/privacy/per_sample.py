@@ -20,6 +20,9 @@ def per_record_grads(module: nn.Module, record_loss: Callable[..., torch.Tensor]
     parameters and one record's slices (each record may hold several rows, e.g. K noise draws), and
     returns a scalar. Returns the per-record gradients of the trainable parameters, in
     ``module.parameters()`` order, each of shape (records, *param.shape), and the per-record losses.
+
+    Under ``precision=bf16`` the forward and backward run in bf16 where autocast lowers them; the gradients
+    are returned in the parameters' dtype (fp32), the dtype the clipping that follows needs.
     """
     names = [n for n, p in module.named_parameters() if p.requires_grad]
     train = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
@@ -33,4 +36,4 @@ def per_record_grads(module: nn.Module, record_loss: Callable[..., torch.Tensor]
         return loss, loss.detach()
 
     grads, losses = vmap(grad(loss_of, has_aux=True), in_dims=(None,) + (0,) * len(batch))(train, *batch)
-    return [grads[n] for n in names], losses
+    return [grads[n].to(train[n].dtype) for n in names], losses

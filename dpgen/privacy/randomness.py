@@ -24,6 +24,8 @@ from typing import Sequence
 
 import torch
 
+from dpgen.core.precision import noise_dtype
+
 __all__ = ["SecretGenerator", "PublicRandomnessError", "SECURE_DRAWS", "derive_seed", "secret_generator",
            "require_secret", "gaussian_noise"]
 
@@ -89,9 +91,14 @@ def gaussian_noise(shape: Sequence[int] | torch.Size, std: float, generator: Sec
 
     Secure noise (``generator.secure_noise``): Σ_{j<4} N(0, 1) · std/2, the same distribution, robust to
     the floating-point attack on a single draw (opacus ``_generate_noise(secure_mode=True)``).
+
+    A reduced-precision ``dtype`` (bf16, fp16: a sum computed under ``precision=bf16``) is drawn in fp32
+    instead (:func:`dpgen.core.precision.noise_dtype`): the std the analysis assumes, and the secure sum of
+    draws, need fp32's mantissa; adding fp32 noise to a bf16 sum gives an fp32 release.
     """
     g = require_secret(generator, mechanism)
     dev = g.device if device is None else device
+    dtype = noise_dtype(dtype)
     noise = torch.randn(tuple(shape), generator=g, device=dev, dtype=dtype)
     if g.secure_noise:
         for _ in range(SECURE_DRAWS - 1):

@@ -1,0 +1,135 @@
+"""Training precision: ``precision=fp32|tf32|bf16`` and ``cudnn_benchmark=true|false`` (configs/train.yaml).
+
+:func:`training_precision` is entered by the pipeline around a method's ``train(hp, data, ledger, run)`` and
+nowhere else: the released generator is sampled and evaluated in fp32 whatever the setting.
+
+=========  =================================================================================================
+``fp32``   changes nothing (torch's defaults; note that torch lets cuDNN convolutions use TF32 by default)
+``tf32``   TF32 for fp32 matmuls and cuDNN convolutions (``allow_tf32`` flags, float32 matmul precision
+           ``high``): tensors stay fp32, products keep a 10-bit mantissa on Ampere and later GPUs
+``bf16``   ``tf32`` plus ``torch.autocast(device, bfloat16)``: the ops autocast lists (matmuls, convolutions,
+           linear layers) run in bf16 in the forward and backward passes; parameters stay fp32
+=========  =================================================================================================
+
+The DP path stays fp32 under every setting, because a clipping bound or a noise std computed in bf16 (8-bit
+mantissa) is off by up to 2^-8 relative, and the privacy analysis needs them exact: per-sample norms,
+clipping factors and clipped sums, the Gaussian noise, the sanitizers' releases and the optimizer state
+(:func:`full_precision` and :func:`at_least_fp32`, used by :mod:`dpgen.privacy` and the methods' mechanisms).
+What is only *fed* to the clipping (a per-sample gradient computed by a bf16 forward/backward) may be
+bf16: clipping bounds whatever vector it is given, so its precision is a matter of utility, not privacy.
+
+Autocast runs with ``cache_enabled=False``: its cache of bf16 weight copies lives until the outermost
+autocast region ends, and here that region spans every optimizer step, so a cached copy would be stale after
+the first update.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Iterator
+
+import torch
+
+from dpgen.errors import DpgenError
+
+__all__ = ["PRECISIONS", "BF16_METHODS", "training_precision", "full_precision", "at_least_fp32", "noise_dtype",
+           "autocast_enabled"]
+
+log = logging.getLogger("dpgen")
+
+#: the values of ``precision`` (the schema's choices)
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+#: the methods whose training runs under bf16 autocast (each trains under it in tests/test_precision.py); the
+#: schema refuses precision=bf16 for the others. The ensemble methods (gswgan, dpac, efsgd) run their members'
+#: convolutions under torch.func's vmap, where autocast does not cast, so bf16 activations meet fp32 weights;
+#: gpate's batch norm updates its fp32 running statistics in place from the bf16 batch.
+BF16_METHODS = ("dpgan", "dpaf", "feta", "dpdm")
+
+#: device types autocast may be on for (dpgen runs on cpu or cuda)
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` in this thread (torch >= 2.4 takes the device type; older
+    torch has one function per device)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4
+        return bool(torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled())
+
+
+@contextmanager
+def full_precision() -> Iterator[None]:
+    """Autocast off (for the device types where it is on) for the duration: the DP-critical computations
+    (norms, clipping, noise, optimizer steps) inside run in the dtypes of their inputs, which the callers make
+    at least fp32 (:func:`at_least_fp32`). Outside autocast this does nothing."""
+    with ExitStack() as stack:
+        for dev in _AUTOCAST_DEVICES:
+            if autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, enabled=False))
+        yield
+
+
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32 if it is a reduced-precision float (bf16, fp16); otherwise ``t`` itself (fp32 and fp64
+    unchanged, no copy)."""
+    return t.float() if t.is_floating_point() and t.element_size() < 4 else t
+
+
+def noise_dtype(dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype Gaussian noise is drawn in for a request of ``dtype``: fp32 for a reduced-precision float,
+    else ``dtype`` (None: torch's default dtype)."""
+    if dtype is not None and dtype.is_floating_point and torch.finfo(dtype).bits < 32:
+        return torch.float32
+    return dtype
+
+
+def _tf32_state() -> tuple[bool, bool, str]:
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision())
+
+
+def _set_tf32_state(state: tuple[bool, bool, str]) -> None:
+    # the matmul precision first: it also sets cuda.matmul.allow_tf32, which the flags then put back. Only the
+    # legacy API is used: torch refuses to read the precision once it was set through both APIs.
+    matmul, cudnn, precision = state
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@contextmanager
+def training_precision(precision: str, device: torch.device | str, cudnn_benchmark: bool = False) -> Iterator[None]:
+    """The run's ``precision`` and ``cudnn_benchmark`` for the duration (see the module docstring); the
+    global flags it sets are restored on exit, so evaluation after training runs in torch's defaults.
+
+    ``device`` picks autocast's device type under ``bf16`` (cpu or cuda; bf16 autocast works on both).
+    ``cudnn_benchmark`` lets cuDNN time its convolution algorithms for each new shape and keep the fastest:
+    faster fixed-shape steps on a GPU, but the choice may differ between runs, so two runs (or a run and its
+    resumption) are no longer bit-identical on a GPU. No effect on a CPU.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    dev_type = torch.device(device).type
+    if precision == "bf16" and dev_type == "cuda" and not torch.cuda.is_bf16_supported():
+        # before Ampere: autocast would refuse with a traceback mid-run
+        raise DpgenError("precision=bf16 needs a GPU with bfloat16 support (Ampere or later); use precision=fp32")
+    # fp32 reads and writes no TF32 flag at all (torch's state stays exactly as the process set it)
+    saved_tf32 = _tf32_state() if precision != "fp32" else None
+    saved_benchmark = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
+        if saved_tf32 is not None:
+            _set_tf32_state((True, True, "high"))
+            if dev_type != "cuda":
+                log.info("precision=%s: TF32 is a format of CUDA GPUs (Ampere and later); device=%s",
+                         precision, dev_type)
+        autocast = (torch.autocast(dev_type, dtype=torch.bfloat16, cache_enabled=False) if precision == "bf16"
+                    else nullcontext())
+        with autocast:
+            yield
+    finally:
+        if saved_tf32 is not None:
+            _set_tf32_state(saved_tf32)
+        torch.backends.cudnn.benchmark = saved_benchmark
