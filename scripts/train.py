@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -49,6 +50,11 @@ def main(cfg: DictConfig) -> None:
         if fresh and not (run_dir / "checkpoints").exists():
             _remove_fresh_run_dir(run_dir)
         fail(str(exc))
+    except torch.OutOfMemoryError as exc:  # one line naming the memory wanted; the checkpoint so far is kept
+        from dpgen.core.devices import oom_message
+
+        log.error("%s", exc)
+        fail(oom_message(exc))
     except TrainingInterrupted as exc:
         log.warning("%s; resume with resume=%s", exc, run_dir)
         sys.exit(3)

@@ -4,11 +4,13 @@ No GPU here: torch.cuda's device count and set_device are faked.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpgen.core.devices import SweepGPUs, claim_gpu
+from dpgen.core.devices import PEAK_GB, MemoryClaims, SweepGPUs, claim_gpu, oom_message
 from dpgen.core.resume import resume_dir
 from dpgen.errors import DpgenError
 
@@ -20,17 +22,19 @@ def gpus(monkeypatch):
     """Pretend ``n`` CUDA devices are visible; returns the list of set_device calls."""
     calls: list[int] = []
 
-    def fake(n: int) -> list[int]:
+    def fake(n: int, gb: float = 80.0) -> list[int]:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=gb * 1e9))
         monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(int(i)))
         return calls
 
     return fake
 
 
-def _job(num: int, device: str = "auto", mode: str = "MULTIRUN"):
-    return OmegaConf.create({"device": device, "hydra": {"mode": mode, "job": {"num": num}}})
+def _job(num: int, device: str = "auto", mode: str = "MULTIRUN", method: str = "dpgan", profile: str = "quick"):
+    return OmegaConf.create({"device": device, "method": {"name": method}, "profile": {"name": profile},
+                             "hydra": {"mode": mode, "job": {"num": num}}})
 
 
 def test_sweep_jobs_get_one_gpu_each(gpus, tmp_path):
@@ -74,6 +78,68 @@ def test_a_claim_is_exclusive_until_released(tmp_path):
     assert (c.index, c.exclusive) == (0, False)
     a.release()
     assert claim_gpu(1, 2, tmp_path).index == 0  # job 1 would start at GPU 1 (held by b): takes the freed 0
+
+
+def test_jobs_wait_for_memory_instead_of_dying(gpus, tmp_path):
+    """Paper gswgan jobs (54 GB each) on one 80 GB card: the second waits until the first ends, then runs."""
+    gpus(1, gb=80.0)
+    first = SweepGPUs(str(tmp_path))
+    first.on_job_start(_job(0, method="gswgan", profile="paper"))
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:  # while job 1 waits, job 0 ends
+        slept.append(s)
+        first.on_job_end(_job(0))
+
+    second = SweepGPUs(str(tmp_path), poll_s=7.0, sleep=sleep)
+    second.on_job_start(_job(1, method="gswgan", profile="paper"))
+    assert slept == [7.0] and second._claim.index == 0
+    assert MemoryClaims(tmp_path).used() == {0: PEAK_GB["gswgan"]}
+
+
+def test_jobs_share_a_gpu_only_where_their_memory_fits(gpus, tmp_path):
+    calls = gpus(2, gb=80.0)
+    jobs = [SweepGPUs(str(tmp_path), sleep=lambda s: pytest.fail("no job should wait")) for _ in range(5)]
+    for num, (cb, method) in enumerate(zip(jobs, ("feta", "gpate", "gpate", "dpgan", "gpate"))):
+        cb.on_job_start(_job(num, method=method, profile="paper"))
+    # feta (44 GB) and gpate (28) get a GPU each; then no GPU is free: the second gpate shares GPU 0 (2 % 2; 72 GB),
+    # dpgan GPU 1 (29.5), and the third gpate does not fit GPU 0 (100 > 80), so it goes to GPU 1 (57.5)
+    assert calls == [0, 1, 0, 1, 1]
+    assert MemoryClaims(tmp_path).used() == {0: 72.0, 1: 57.5}
+
+
+def test_a_job_larger_than_any_gpu_and_dead_claims(gpus, tmp_path):
+    from dpgen.errors import DpgenError
+
+    gpus(1, gb=40.0)
+    with pytest.raises(DpgenError, match="expects 54 GB of GPU memory; the largest GPU here has 40 GB"):
+        SweepGPUs(str(tmp_path)).on_job_start(_job(0, method="dpac", profile="paper"))
+    stale = MemoryClaims(tmp_path)
+    assert stale.admit("999999999:0", 39.0, [40.0], 0, None) == 0
+    # a claim whose process died no longer counts (pid 999999999 does not exist)
+    assert MemoryClaims(tmp_path).admit("1:1", 30.0, [40.0], 0, None) == 0
+
+
+def test_an_out_of_memory_error_is_one_line_naming_the_memory_wanted(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from inprocess import one_error, script
+
+    msg = oom_message(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has ..."))
+    assert "the run wanted 3.50 GiB more" in msg and "\n" not in msg
+    train = script("train")
+    import dpgen.core.pipeline as pipeline
+
+    def oom(cfg, run_dir):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity")
+
+    monkeypatch.setattr(pipeline, "run_training", oom)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exc:
+        train.main()
+    line = one_error(exc.value.code, capsys.readouterr().err)
+    assert "out of memory" in line and "wanted 3.50 GiB" in line
 
 
 def _compose(*overrides: str):
