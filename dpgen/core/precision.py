@@ -44,7 +44,7 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 #: schema refuses precision=bf16 for the others. The ensemble methods (gswgan, dpac, efsgd) run their members'
 #: convolutions under torch.func's vmap, where autocast does not cast, so bf16 activations meet fp32 weights;
 #: gpate's batch norm updates its fp32 running statistics in place from the bf16 batch.
-BF16_METHODS = ("dpgan", "dpaf", "feta", "dpdm")
+BF16_METHODS = ("dpgan", "dpaf", "feta", "dpdm", "gpate")
 
 #: device types autocast may be on for (dpgen runs on cpu or cuda)
 _AUTOCAST_DEVICES = ("cpu", "cuda")

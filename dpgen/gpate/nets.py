@@ -287,8 +287,10 @@ class GroupBatchNorm(nn.Module):
         if update:
             with torch.no_grad():
                 count = h.numel() // h.shape[1] // (h.shape[0] // g)
-                self.running_mean.lerp_(mean.mean(0).flatten(), self.momentum)
-                self.running_var.lerp_(var.mean(0).flatten() * count / max(count - 1, 1), self.momentum)
+                # the running statistics stay in their own dtype (fp32) whatever autocast computed h in
+                self.running_mean.lerp_(mean.mean(0).flatten().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_((var.mean(0).flatten() * count / max(count - 1, 1)).to(self.running_var.dtype),
+                                       self.momentum)
                 self.num_batches_tracked += 1
         shape = [1, 1, -1] + [1] * (h.dim() - 2)
         out = (hv - mean) * torch.rsqrt(var + self.eps) * self.weight.view(shape) + self.bias.view(shape)
