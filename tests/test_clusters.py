@@ -120,25 +120,28 @@ def test_a_job_larger_than_any_gpu_and_dead_claims(gpus, tmp_path):
     assert MemoryClaims(tmp_path).admit("1:1", 30.0, [40.0], 0, None) == 0
 
 
-def test_an_out_of_memory_error_is_one_line_naming_the_memory_wanted(tmp_path, monkeypatch, capsys):
+def test_an_out_of_memory_error_is_one_line_naming_the_memory_wanted(tmp_path):
+    import os
+    import subprocess
     import sys
 
-    from inprocess import one_error, script
+    from conftest import ROOT
+    from inprocess import one_error
 
     msg = oom_message(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has ..."))
     assert "the run wanted 3.50 GiB more" in msg and "\n" not in msg
-    train = script("train")
-    import dpgen.core.pipeline as pipeline
-
-    def oom(cfg, run_dir):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity")
-
-    monkeypatch.setattr(pipeline, "run_training", oom)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["train.py", f"hydra.run.dir={tmp_path / 'run'}"])
-    with pytest.raises(SystemExit) as exc:
-        train.main()
-    line = one_error(exc.value.code, capsys.readouterr().err)
+    # scripts/train.py in a subprocess whose training runs out of memory (sitecustomize swaps run_training)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import torch\nimport dpgen.core.pipeline as p\n"
+        "def oom(cfg, run_dir):\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has 79 GiB')\n"
+        "p.run_training = oom\n")
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "DPGEN_DATA": str(tmp_path / "data")}
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    line = one_error(res.returncode, res.stderr)
     assert "out of memory" in line and "wanted 3.50 GiB" in line
 
 
