@@ -152,3 +152,16 @@ def test_first_phases_are_timed_apart_at_paper_sizes():
     assert (key, t1) == ("c_epochs", math.ceil(60000 / 64))
     short = float(bench._shorten(key, 23, hp, data))
     assert math.ceil(short * 60000 / int(hp.c_batch_size)) == 23  # dpaf's own t1 formula gives 23 steps
+
+
+def test_batched_ensembles_launch_a_fixed_number_of_operators_per_chunk():
+    """bench/ensemble_kernels.py: a G-PATE teacher step launches the same operators per chunk whatever its size
+    (so 4x the chunk, 1/4 the operators), and a DPAC critic step the same number for 4 or 16 members."""
+    spec = importlib.util.spec_from_file_location("ensemble_kernels", ROOT / "bench" / "ensemble_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--teachers", "8", "--chunks", "2,8", "--members", "2,4"])
+    gpate = {size: ops for name, size, ops in rows if name.startswith("gpate")}
+    dpac = {size: ops for name, size, ops in rows if name.startswith("dpac")}
+    assert 3.5 < gpate[2] / gpate[8] <= 4.0, gpate
+    assert dpac[2] == dpac[4], dpac
