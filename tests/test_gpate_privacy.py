@@ -244,3 +244,17 @@ def test_safe_iterations_is_the_largest_count_within_budget():
     k = rdp.safe_iterations(rdp_cum, bound, 1e-5, 4.0)
     assert rdp.classic_epsilon(rdp_cum + k * bound, 1e-5) <= 4.0 < rdp.classic_epsilon(rdp_cum + (k + 1) * bound, 1e-5)
     assert rdp.safe_iterations(rdp_cum, bound, 1e-5, 0.1) == 0
+
+
+def test_safe_iterations_is_the_largest_count_that_certainly_stays_within_budget():
+    """k = safe_iterations(...) iterations at the data-independent bound keep ε ≤ budget, k + 1 would not (so the
+    deferred check of the paper accountant never lets an unchecked iteration cross the budget)."""
+    from dpgen.gpate import rdp
+
+    bound = 12 * rdp.data_independent_rdp(30.0, 30.0)
+    for budget, done in ((3.0, 0), (3.0, 3), (8.0, 40)):  # iterations already charged at the bound
+        cum = done * bound
+        k = rdp.safe_iterations(cum, bound, 1e-5, budget)
+        assert k > 0
+        assert rdp.classic_epsilon(cum + k * bound, 1e-5) <= budget
+        assert rdp.classic_epsilon(cum + (k + 1) * bound, 1e-5) > budget
