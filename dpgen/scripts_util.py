@@ -22,3 +22,14 @@ def parse_kv(argv: Sequence[str], required: Sequence[str] = (), optional: Mappin
     if missing:
         raise DpgenError(f"missing argument(s): {', '.join(f'{k}=...' for k in missing)}")
     return out
+
+
+def parse_int(key: str, text: str, minimum: int) -> int:
+    """``key=text`` as an integer >= ``minimum``, else a one-line DpgenError naming the key."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise DpgenError(f"{key}={text!r} is invalid; expected an integer >= {minimum}")
+    return value

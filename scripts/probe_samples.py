@@ -22,17 +22,7 @@ from dpgen.core.schema import load_run_config
 from dpgen.data import load_dataset
 from dpgen.errors import DpgenError
 from dpgen.eval.probe import VARIANTS, probe
-from dpgen.scripts_util import parse_kv
-
-
-def _int(key: str, text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise DpgenError(f"{key}={text!r} is invalid; expected an integer >= {minimum}")
-    return value
+from dpgen.scripts_util import parse_int, parse_kv
 
 
 def main(argv: list[str]) -> None:
@@ -42,7 +32,7 @@ def main(argv: list[str]) -> None:
     out = Path(args["out"])
     if out.exists():
         raise DpgenError(f"{out} exists; choose another out= (nothing was overwritten)")
-    n, epochs, seed = _int("n", args["n"], 2), _int("epochs", args["epochs"], 1), _int("seed", args["seed"], 0)
+    n, epochs, seed = parse_int("n", args["n"], 2), parse_int("epochs", args["epochs"], 1), parse_int("seed", args["seed"], 0)
     variants = tuple(v for v in str(args["variants"]).split(",") if v)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:

@@ -20,17 +20,7 @@ from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import resolve_device
 from dpgen.data.torch_utils import to_uint8
 from dpgen.errors import DpgenError
-from dpgen.scripts_util import parse_kv
-
-
-def _int(key: str, text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise DpgenError(f"{key}={text!r} is invalid; expected an integer >= {minimum}")
-    return value
+from dpgen.scripts_util import parse_int, parse_kv
 
 
 def main(argv: list[str]) -> None:
@@ -38,11 +28,11 @@ def main(argv: list[str]) -> None:
     out = Path(args["out"])
     if out.exists():
         raise DpgenError(f"{out} exists; choose another out= (nothing was overwritten)")
-    n, seed = _int("n", args["n"], 1), _int("seed", args["seed"], 0)
+    n, seed = parse_int("n", args["n"], 1), parse_int("seed", args["seed"], 0)
     gen = load_generator(Path(args["run"]) / "generator.pt", resolve_device(args["device"]))
     labels = None
     if args["labels"] is not None:
-        values = [_int("labels", v, 0) for v in str(args["labels"]).split(",")]
+        values = [parse_int("labels", v, 0) for v in str(args["labels"]).split(",")]
         labels = torch.tensor(values * n if len(values) == 1 else values)
         if len(labels) != n or labels.min() < 0 or labels.max() >= gen.num_classes:
             raise DpgenError(f"labels must be one value or {n} values in 0..{gen.num_classes - 1}")
