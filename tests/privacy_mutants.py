@@ -238,6 +238,17 @@ MUTANTS: list[Mutant] = [
            'ledger.record(ENTRY, nm, count=1)',
            ('tests/test_gpate_train.py::test_spy_mechanisms_receive_what_the_ledger_records',),
            'ledger charges one query per iteration'),
+    # -- the shared ensemble layout (dpgen/ensemble: gswgan/dpac/efsgd discriminators, gpate teachers) -------------
+    Mutant('ensemble.block_grads_mixed_across_members', 'dpgen/ensemble/stack.py',
+           '        grads = [g.contiguous() for g in grads]',
+           '        grads = [(g / g.norm()).contiguous() for g in grads]',
+           ('tests/test_ensemble.py::test_block_path_isolates_every_other_member',),
+           "a lockstep block's update depends on its other members' gradients"),
+    Mutant('ensemble.rows_moment_reads_other_members', 'dpgen/ensemble/stack.py',
+           '            m = self.m[n][idx].mul(b1).add_(g, alpha=1 - b1)',
+           '            m = self.m[n][idx].mul(b1).add_(g, alpha=1 - b1) + 1e-3 * self.m[n].mean(0)',
+           ('tests/test_ensemble.py::test_rows_path_isolates_every_other_member',),
+           "a sampled member's Adam moment reads every member's"),
     # -- gswgan / dpac / efsgd (dpgen/dpac, dpgen/efsgd) ----------------------------------------------------
     Mutant('dpac.d_path_sigma_x0_5', 'dpgen/dpac/train.py',
            'san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen)',

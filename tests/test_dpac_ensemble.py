@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from dpgen.dpac.classifier import train_classifier
-from dpgen.dpac.ensemble import NetStack, critic_step
-from dpgen.dpac.nets import clf_init, disc_forward, disc_init, sn_init
+from dpgen.dpac.ensemble import critic_step
+from dpgen.dpac.nets import clf_init, disc_forward, disc_init
+from dpgen.ensemble import NetStack
+from dpgen.nets.spectral import sn_init
 
 SHAPE = [1, 28, 28]
 

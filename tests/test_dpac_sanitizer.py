@@ -11,8 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgen.data.base import ImageDataset, Split
-from dpgen.dpac.ensemble import NetStack
-from dpgen.dpac.nets import ResNetGenerator, clf_init, disc_init, sn_init
+from dpgen.ensemble import NetStack
+from dpgen.dpac.nets import ResNetGenerator, clf_init, disc_init
+from dpgen.nets.spectral import sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.dpac.train import generator_step
 from dpgen.privacy import PrivacyLedger

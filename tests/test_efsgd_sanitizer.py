@@ -10,8 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpgen.dpac.ensemble import NetStack
-from dpgen.dpac.nets import clf_init, disc_init, sn_init
+from dpgen.ensemble import NetStack
+from dpgen.dpac.nets import clf_init, disc_init
+from dpgen.nets.spectral import sn_init
 from dpgen.efsgd.accounting import iteration_entries
 from dpgen.efsgd.nets import NoiseInjectionGenerator
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std

@@ -252,9 +252,10 @@ def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
     from omegaconf import OmegaConf
 
     from dpgen.core.dist import Dist
-    from dpgen.dpac.ensemble import NetStack
-    from dpgen.dpac.nets import ResNetGenerator, disc_init, sn_init
+    from dpgen.dpac.nets import ResNetGenerator, disc_init
     from dpgen.dpac.train import Partitions, pretrain
+    from dpgen.ensemble import NetStack
+    from dpgen.nets.spectral import sn_init
     from dpgen.privacy.randomness import secret_generator
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -284,7 +285,7 @@ def test_sharded_pretraining_equals_the_single_process_one(tmp_path):
     for rank in (0, 1):
         two = torch.load(tmp_path / f"pre2_r{rank}.pt")
         assert torch.equal(one["t"], two["t"]) and int(one["t"].min()) == 2 * 2, "every member pre-trained once"
-        for name in ("params", "u", "m", "v"):
+        for name in ("params", "buffers", "m", "v"):
             for n, v in one[name].items():
                 assert torch.equal(v, two[name][n]), (rank, name, n)
 

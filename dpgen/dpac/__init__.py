@@ -2,7 +2,8 @@
 
 ``method=dpac`` and ``method=gswgan`` (β = 1, no classifier) share this package. Reusable parts:
 :class:`~dpgen.dpac.nets.ResNetGenerator` (released), the functional discriminator/classifier in
-:mod:`dpgen.dpac.nets`, the vmap-batched ensemble :mod:`dpgen.dpac.ensemble`, the sanitiser
+:mod:`dpgen.dpac.nets`, the critic step and warm-up generators of the ensemble
+:mod:`dpgen.dpac.ensemble` (its stacked discriminators are a :class:`dpgen.ensemble.NetStack`), the sanitiser
 :mod:`dpgen.dpac.sanitizer` and the accounting in :mod:`dpgen.dpac.accounting`.
 """
 from dpgen.dpac.train import train

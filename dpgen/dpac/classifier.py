@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch.func import grad
 
-from dpgen.dpac.ensemble import NetStack, functional_step
+from dpgen.ensemble import NetStack, functional_step
 from dpgen.dpac.nets import Params, clf_forward
 
 Batch = Callable[[], tuple[torch.Tensor, torch.Tensor]]

@@ -5,9 +5,9 @@
   1×1 SN shortcut) 4→8→16→32 → SN-conv3×3 → sigmoid → the official crop to H×W.
 * DCGAN projection discriminator and the auxiliary classifier C, written as *pure functions* of
   a parameter dict (``disc_forward``/``clf_forward``) so that one code path serves a single
-  network and a ``torch.func.vmap``-ed ensemble of many (see :mod:`dpgen.dpac.ensemble`).
+  network and a ``torch.func.vmap``-ed ensemble of many (see :mod:`dpgen.ensemble`).
   Spectral normalisation (Miyato et al. 2018) is functional too: ``power_iteration`` updates the
-  singular-vector estimates ``u`` outside the differentiated forward.
+  singular-vector estimates ``u`` outside the differentiated forward (:mod:`dpgen.nets.spectral`).
 """
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from dpgen.core.generator import ReleasedGenerator
-from dpgen.core.precision import full_precision
+from dpgen.nets.spectral import Params, sn_weight
 
-Params = dict[str, torch.Tensor]
 CONVS = ("c1", "c2", "c3")
 
 
@@ -150,51 +149,23 @@ def clf_init(num_classes: int, shape: list[int], width: int, g: torch.Generator)
     return p
 
 
-def sn_init(p: Params, g: torch.Generator) -> Params:
-    """Initial left-singular-vector estimates for every spectrally normalised weight (keys ending in .w)."""
-    return {k: F.normalize(torch.randn(p[k].shape[0], generator=g, device=g.device), dim=0)
-            for k in p if k.endswith(".w")}
-
-
-@torch.no_grad()
-def power_iteration(p: Params, u: Params) -> Params:
-    """One power-iteration step per weight (torch's spectral_norm does the same per training forward).
-
-    Autocast off: the vectors are state kept across steps in the weights' dtype (precision=bf16 would
-    compute them in bf16 and the stack could not store them)."""
-    new = {}
-    with full_precision():
-        for k, uk in u.items():
-            w = p[k].reshape(p[k].shape[0], -1)
-            v = F.normalize(w.t() @ uk, dim=0, eps=1e-12)
-            new[k] = F.normalize(w @ v, dim=0, eps=1e-12)
-    return new
-
-
-def _sn(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    wm = w.reshape(w.shape[0], -1)
-    v = F.normalize(wm.t() @ u, dim=0, eps=1e-12).detach()
-    sigma = torch.dot(u.detach(), wm @ v)
-    return w / sigma
-
-
 def _features(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
     h = x
     for name in CONVS:
-        h = F.relu(F.conv2d(h, _sn(p[name + ".w"], u[name + ".w"]), p[name + ".b"], stride=2, padding=2))
+        h = F.relu(F.conv2d(h, sn_weight(p[name + ".w"], u[name + ".w"]), p[name + ".b"], stride=2, padding=2))
     return h.flatten(1)
 
 
 def disc_forward(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """D(x, y) = w·φ(x) + b + <emb(y), φ(x)>, all weights spectrally normalised: one critic value per sample."""
     h = _features(p, u, x)
-    emb = _sn(p["emb.w"], u["emb.w"])
+    emb = sn_weight(p["emb.w"], u["emb.w"])
     proj = (onehot(y, emb.shape[0], h.dtype) @ emb) * h
-    return (h @ _sn(p["lin.w"], u["lin.w"]).t()).squeeze(1) + p["lin.b"] + proj.sum(1)
+    return (h @ sn_weight(p["lin.w"], u["lin.w"]).t()).squeeze(1) + p["lin.b"] + proj.sum(1)
 
 
 def clf_logits(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
-    return _features(p, u, x) @ _sn(p["lin.w"], u["lin.w"]).t() + p["lin.b"]
+    return _features(p, u, x) @ sn_weight(p["lin.w"], u["lin.w"]).t() + p["lin.b"]
 
 
 def clf_forward(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

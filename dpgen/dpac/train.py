@@ -28,8 +28,10 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import GeneratorStack, NetStack, batched_forward, critic_step
-from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init, sn_init
+from dpgen.dpac.ensemble import GeneratorStack, critic_step
+from dpgen.ensemble import NetStack, batched_forward
+from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.nets.spectral import sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier

@@ -7,7 +7,7 @@
   from the ``generator`` passed to :meth:`forward`/:meth:`generate`, so sampling is seeded.
   ``noise_injection`` and ``sigma_noise`` are constructor arguments, hence stored in generator.pt.
 * The encoder E (VAE-style, Sec. 4.3) is a functional DCGAN trunk + linear mean head, one per
-  partition (θ_E^k in Alg. 2), stacked in a :class:`~dpgen.dpac.ensemble.NetStack` like the
+  partition (θ_E^k in Alg. 2), stacked in a :class:`~dpgen.ensemble.NetStack` like the
   discriminators. It is never released.
 """
 from __future__ import annotations

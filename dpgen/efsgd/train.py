@@ -36,8 +36,9 @@ from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.dpac.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
-from dpgen.dpac.ensemble import NetStack
-from dpgen.dpac.nets import clf_forward, disc_forward, power_iteration, sn_init
+from dpgen.ensemble import NetStack
+from dpgen.dpac.nets import clf_forward, disc_forward
+from dpgen.nets.spectral import power_iteration, sn_init
 from dpgen.dpac.nets import onehot
 from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
                               check_ensemble_hparams, classifier_phase, critic_phase, ema_update,

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
-from torch.optim.adam import adam as adam_update
 
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.data.partition import record_owners
+from dpgen.ensemble import MemberStack
 from dpgen.privacy.randomness import derive_seed
 
 #: (x_real, y_real, w_real, x_fake, y_fake) of a chunk of teachers, see :meth:`TeacherEnsemble.train_step`
@@ -50,8 +50,9 @@ def ensemble_bytes(params_per_teacher: int, n: int, chunk: int = 0, dtype_bytes:
     return (3 * n + chunk) * params_per_teacher * dtype_bytes
 
 
-class TeacherEnsemble:
-    """n teachers of ``make_teacher()``'s architecture, trained non-privately on disjoint partitions.
+class TeacherEnsemble(MemberStack):
+    """n teachers of ``make_teacher()``'s architecture, trained non-privately on disjoint partitions: a
+    :class:`~dpgen.ensemble.MemberStack` whose members always step together (fused Adam per chunk).
 
     ``dist``: the run's process group; each rank holds and trains only its :meth:`Dist.shard` of the teachers
     (issue 25), so thousands of large teachers spread over several GPUs. Teacher i's initialisation depends only
@@ -61,21 +62,18 @@ class TeacherEnsemble:
     def __init__(self, make_teacher: Callable[[], nn.Module], n: int, device: torch.device, chunk: int | None = None,
                  lr: float = 1e-3, betas: tuple[float, float] = (0.5, 0.999), seed: int = 0,
                  dist: Dist = SINGLE) -> None:
-        self.n = int(n)
-        self.dist = dist
-        self.members = dist.shard(self.n)  # the global indices of the teachers this process holds
-        self.offset = self.members.start
-        local = len(self.members)
+        members = dist.shard(int(n))  # the global indices of the teachers this process holds
+        local = len(members)
         self.chunk = max(local, 1) if not chunk else max(1, min(int(chunk), max(local, 1)))
         self.base = make_teacher().to("meta")  # architecture and hyper-parameters only
         # initialisation only, independent of the data: one public stream per teacher, on the target device
         gen = None if torch.device(device).type == "meta" else torch.Generator(device=device)  # meta: shapes only
-        self.params: dict[str, torch.Tensor] = {}
+        params: dict[str, torch.Tensor] = {}
         for j, (name, p) in enumerate(self.base.named_parameters()):
             # allocated on the device and filled in place (torch's init functions need no temporaries)
             full = torch.empty((local, *p.shape), device=device)
             rule = _init_rule(self.base, name)
-            for row, i in enumerate(self.members):
+            for row, i in enumerate(members):
                 if gen is not None and rule in ("trunc_normal", "normal"):
                     gen.manual_seed(derive_seed(int(seed), f"gpate.teacher.{i}.{j}"))
                 if rule == "trunc_normal":
@@ -84,12 +82,10 @@ class TeacherEnsemble:
                     full[row].normal_(0.0, 0.02, generator=gen)
             if rule in ("zeros", "ones"):
                 full.fill_(0.0 if rule == "zeros" else 1.0)
-            self.params[name] = full
-        self.lr, self.betas, self.adam_t = float(lr), tuple(betas), 0
+            params[name] = full
+        super().__init__(params, n=int(n), members=members, dist=dist)
+        self.lr, self.betas = float(lr), tuple(betas)
         self.use_stacked = True  # False forces the vmap path (benchmark / tests)
-        self.m = {k: torch.zeros_like(v) for k, v in self.params.items()}
-        self.v = {k: torch.zeros_like(v) for k, v in self.params.items()}
-        self._steps: dict[int, list[torch.Tensor]] = {}
 
     # ---- functional forward -----------------------------------------------------------
     def _forward_one(self, p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -103,16 +99,6 @@ class TeacherEnsemble:
         dims = (0, None, None) if shared_input else (0, 0, 0)
         return vmap(self._forward_one, in_dims=dims)(p, x, y)
 
-    def _chunks(self) -> Iterator[tuple[int, int]]:
-        """Global (a, b) of this process's chunks of teachers."""
-        lo, hi = self.members.start, self.members.stop
-        for a in range(lo, hi, self.chunk):
-            yield a, min(a + self.chunk, hi)
-
-    def _slice(self, a: int, b: int, grad: bool) -> dict[str, torch.Tensor]:
-        a, b = a - self.offset, b - self.offset
-        return {k: (v[a:b].detach().requires_grad_(True) if grad else v[a:b]) for k, v in self.params.items()}
-
     # ---- training ---------------------------------------------------------------------
     def train_step(self, batch: "Callable[[int, int], TeacherBatch]") -> torch.Tensor:
         """One Adam step of every teacher: BCE(D_i(real_i), 1) + BCE(D_i(fake_i), 0) (Alg. 1 line 10).
@@ -125,12 +111,11 @@ class TeacherEnsemble:
         Returns this process's share of the mean teacher loss (sum over its teachers / n) as a device tensor (no
         host sync); the ranks' shares add up to the mean.
         """
-        self.adam_t += 1
-        total = torch.zeros((), device=next(iter(self.params.values())).device)
-        for a, b in self._chunks():
+        total = torch.zeros((), device=self.device)
+        for a, b in self.blocks(self.chunk):
             x_real, y_real, w, x_fake, y_fake = batch(a, b)
             shared = x_fake.dim() == x_real.dim() - 1
-            p = self._slice(a, b, grad=True)
+            p = self.block(a, b, grad=True)
             lr_ = self.forward(p, x_real, y_real, shared_input=False)
             lf = self.forward(p, x_fake, y_fake, shared_input=shared)
             loss_r = (F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none") * w).sum(1) \
@@ -138,7 +123,7 @@ class TeacherEnsemble:
             loss_f = F.binary_cross_entropy_with_logits(lf, torch.zeros_like(lf), reduction="none").mean(1)
             loss = loss_r + loss_f  # (n_chunk,): teacher i's loss depends on its own parameters only
             grads = torch.autograd.grad(loss.sum(), list(p.values()))
-            self._adam(a, b, list(grads))
+            self.adam_block_(a, b, list(grads), self.lr, self.betas)
             total = total + loss.detach().sum()
         return total / self.n
 
@@ -153,24 +138,6 @@ class TeacherEnsemble:
                     y_fake if shared else y_fake[a:b])
         return batch
 
-    @torch.no_grad()
-    def _adam(self, a: int, b: int, grads: list[torch.Tensor]) -> None:
-        """torch's own fused Adam on the slices of teachers a..b-1, written in place (one kernel per
-        parameter group, no host sync: the step counts live on the device, one set per chunk)."""
-        keys = list(self.params)
-        steps = self._steps.get(a)
-        a, b = a - self.offset, b - self.offset
-        if steps is None:
-            steps = self._steps[a] = [torch.zeros((), device=self.params[keys[0]].device) for _ in keys]
-        for s in steps:
-            s.fill_(self.adam_t - 1)  # adam() increments them to adam_t
-        # contiguous: torch 2.15's fused CPU Adam silently misreads non-contiguous gradients (e.g. the
-        # transposed weight gradients of a bmm), stepping the wrong elements
-        grads = [g.contiguous() for g in grads]
-        adam_update([self.params[k][a:b] for k in keys], grads, [self.m[k][a:b] for k in keys],
-                    [self.v[k][a:b] for k in keys], [], steps, fused=True, amsgrad=False, beta1=self.betas[0],
-                    beta2=self.betas[1], lr=self.lr, weight_decay=0.0, eps=1e-8, maximize=False)
-
     # ---- votes ------------------------------------------------------------------------
     def input_grads_chunks(self, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Yield (a, b, Δx) with Δx (b-a, m, ...) = -∂L_G/∂x of teachers a..b-1 for each fake x (Eq. 1).
@@ -180,8 +147,8 @@ class TeacherEnsemble:
         at the official scale (which the clipping constant c is tuned to).
         """
         m = x.shape[0]
-        for a, b in self._chunks():
-            p = self._slice(a, b, grad=False)
+        for a, b in self.blocks(self.chunk):
+            p = self.block(a, b)
             xr = x.detach().unsqueeze(0).expand(b - a, *x.shape).clone().requires_grad_(True)
             logits = self.forward(p, xr, y.unsqueeze(0).expand(b - a, -1), shared_input=False)
             loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="sum") / m
@@ -192,27 +159,6 @@ class TeacherEnsemble:
     def teacher_params(self, i: int) -> dict[str, torch.Tensor]:
         """Teacher i's parameters (i global; this process must hold it)."""
         return {k: v[i - self.offset] for k, v in self.params.items()}
-
-    def state_dict(self) -> dict:
-        """All n teachers' state, as one process holds it: a sharded ensemble is gathered to rank 0 (a collective:
-        every rank calls it; the others get an empty dict), so checkpoints do not depend on the number of ranks."""
-        if not self.dist.active:
-            return {"params": self.params, "m": self.m, "v": self.v, "t": self.adam_t}
-        out = {name: {k: self.dist.gather_rows(v, self.n) for k, v in getattr(self, name).items()}
-               for name in ("params", "m", "v")}
-        return {**out, "t": self.adam_t} if self.dist.main else {}
-
-    def load_state_dict(self, d: dict) -> None:
-        """Load all n teachers' state (:meth:`state_dict`), keeping this process's shard."""
-        lo, hi = self.members.start, self.members.stop
-        for name in ("params", "m", "v"):
-            for k, v in d[name].items():
-                getattr(self, name)[k].copy_(v[lo:hi])
-        self.adam_t = int(d["t"])
-
-    @property
-    def num_params(self) -> int:
-        return sum(v.numel() for v in self.params.values())
 
 
 def assign_teachers(x: torch.Tensor | "object", n_teachers: int, seed: int) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""K functional networks with spectral-norm vectors as one :class:`MemberStack` (the GS-WGAN discriminators).
+
+A network here is a pure function ``forward(params, u, *inputs)`` of a parameter dict and its spectral-norm
+vectors (:mod:`dpgen.nets.spectral`). A training step gathers the selected members' rows, computes every member's
+gradient of its OWN loss with ``torch.func.vmap(torch.func.grad(...))`` and applies a per-member Adam update
+(:meth:`MemberStack.adam_rows_`), which equals K separate optimisers (tests/test_dpac_ensemble.py checks it against
+a per-member loop). The GS-WGAN authors ran one process per discriminator instead (official-code.md §1).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.func import grad, vmap
+
+from dpgen.ensemble.stack import MemberStack, Params
+from dpgen.nets.spectral import power_iteration
+
+Init = Callable[[torch.Generator], Params]
+SNInit = Callable[[Params, torch.Generator], Params]
+Forward = Callable[..., torch.Tensor]
+
+
+class NetStack(MemberStack):
+    """K networks ``init(g)`` with spectral-norm vectors ``sn(params, g)`` (kept as the stack's buffers ``u``).
+
+    Every process holds all K members (the GS-WGAN main phase may sample any of them); pre-training splits the work
+    over ranks and shares the rows instead (``dpgen.dpac.train.pretrain``).
+    """
+
+    def __init__(self, init: Init, sn: SNInit, k: int, g: torch.Generator, device: torch.device,
+                 shared_init: bool = False) -> None:
+        """``shared_init``: every member starts from the same random draw (data-independent, so no privacy cost)."""
+        members = [init(g)] * k if shared_init else [init(g) for _ in range(k)]
+        us = [sn(members[0], g)] * k if shared_init else [sn(m, g) for m in members]
+        super().__init__({n: torch.stack([m[n] for m in members]).to(device) for n in members[0]},
+                         {n: torch.stack([m[n] for m in us]).to(device) for n in us[0]})
+
+    @property
+    def u(self) -> Params:
+        """The members' spectral-norm vectors (rows of the stack's buffers)."""
+        return self.buffers
+
+    def adam_step(self, members: torch.Tensor, grads: Params, lr: float, betas: tuple[float, float],
+                  eps: float = 1e-8) -> None:
+        """Adam on rows ``members`` only, each with its own step count (:meth:`MemberStack.adam_rows_`)."""
+        self.adam_rows_(members, grads, lr, betas, eps)
+
+    def reset(self, init: Init, sn: SNInit, g: torch.Generator) -> None:
+        """Re-initialise every member and its optimiser state (DPAC's per-iteration classifier reset)."""
+        fresh = NetStack(init, sn, len(self), g, self.device)
+        self.__dict__.update(fresh.__dict__)
+
+
+def functional_step(stack: NetStack, loss: Forward, members: torch.Tensor, *inputs: torch.Tensor,
+                    lr: float, betas: tuple[float, float]) -> torch.Tensor:
+    """One optimiser step of every selected member on its own inputs (leading member dim [M, ...]).
+
+    One power iteration refreshes the members' spectral-norm vectors (as a training forward of torch's
+    spectral_norm); each member's gradient is ``torch.func.grad`` of its own loss, batched over members with
+    ``vmap``; then per-member Adam. Returns the M losses.
+    """
+    p, u = stack.gather(members)
+    u = vmap(power_iteration)(p, u)
+    for n in u:
+        stack.u[n][members] = u[n]
+
+    def loss_and_aux(pp, uu, *xs):
+        value = loss(pp, uu, *xs)
+        return value, value.detach()
+
+    grads, losses = vmap(grad(loss_and_aux, has_aux=True))(p, u, *inputs)
+    stack.adam_step(members, grads, lr, betas)
+    return losses
+
+
+def batched_forward(stack: NetStack, fwd: Forward, members: torch.Tensor, x: torch.Tensor,
+                    y: torch.Tensor) -> torch.Tensor:
+    """Outputs [M, B] of the selected members on their own inputs [M, B, ...]; differentiable w.r.t. x only."""
+    p, u = stack.gather(members)
+    p = {n: t.detach() for n, t in p.items()}
+    return vmap(fwd)(p, u, x, y)
