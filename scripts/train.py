@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from dpgen.cli import fail, precheck, user_errors, worker_overrides
 from dpgen.core.config import register_configs
+from dpgen.core.dist import launch_rank
 from dpgen.core.methods import CONFIG_DIR
 from dpgen.core.run import TrainingInterrupted
 from dpgen.errors import DpgenError
@@ -35,6 +36,15 @@ def _remove_fresh_run_dir(run_dir: Path) -> None:
         parent.rmdir()
 
 
+def _log_to_console_only() -> None:
+    """A task > 0 of a multi-task submitit job (``hydra.launcher.tasks_per_node`` > 1) shares rank 0's run directory,
+    where Hydra set up its file log too: its lines go to its own stdout (submitit's per-task log), not to train.log."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from dpgen.core.pipeline import run_training
@@ -43,11 +53,14 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = resume_dir(cfg.resume, run_dir) is None  # resume=auto with no checkpoint yet is a fresh run too
     scratch = run_dir.name.startswith("dpgen-rank")  # a torchrun rank > 0 (rank 0 writes the run): see worker_overrides
+    rank = launch_rank()  # > 0: a torchrun rank, or a task > 0 of a multi-task submitit job (rank 0's directory)
+    if rank > 0:
+        _log_to_console_only()
     try:
         metrics = run_training(cfg, run_dir)
     except DpgenError as exc:
         log.error("%s", exc)
-        if fresh and not (run_dir / "checkpoints").exists():
+        if fresh and rank == 0 and not (run_dir / "checkpoints").exists():
             _remove_fresh_run_dir(run_dir)
         fail(str(exc))
     except torch.OutOfMemoryError as exc:  # one line naming the memory wanted; the checkpoint so far is kept
@@ -61,7 +74,7 @@ def main(cfg: DictConfig) -> None:
     finally:
         if scratch:
             shutil.rmtree(run_dir, ignore_errors=True)
-    if scratch:
+    if rank > 0:
         return
     g2r = metrics.get("g2r", {}).get("cnn", {}).get("accuracy")
     print(f"run directory: {run_dir}")

@@ -55,12 +55,16 @@ def _default_resume(*, _root_):
     return _root_.slurm.get("resume")
 
 
-def _hydra_subdir(resume, output_dir=None) -> str:
+def _hydra_subdir(resume, output_dir=None) -> str | None:
     """Where Hydra writes this job's config: ``.hydra`` for a new run; beside it (``.hydra/resume-<time>``) when
     the job continues an existing run, so the original config is never overwritten. ``resume=auto`` continues
-    only when ``output_dir`` already holds a checkpoint (a requeued SLURM job, see dpgen/core/resume.py)."""
+    only when ``output_dir`` already holds a checkpoint (a requeued SLURM job, see dpgen/core/resume.py).
+    Nowhere (None) on ranks > 0 of a multi-process job (``hydra.launcher.tasks_per_node`` > 1)."""
+    from dpgen.core.dist import launch_rank
     from dpgen.core.resume import resume_dir
 
+    if launch_rank() > 0:  # a task > 0 of a multi-task submitit job shares rank 0's directory: rank 0 writes it
+        return None
     fresh = resume in (None, "", "null") or (str(resume) == "auto" and resume_dir("auto", output_dir or ".") is None)
     return ".hydra" if fresh else f".hydra/resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
 

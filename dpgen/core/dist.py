@@ -1,10 +1,12 @@
-"""The process group a run may span (torch.distributed), launched by ``torchrun`` or by ``srun``.
+"""The process group a run may span (torch.distributed), launched by ``torchrun``, ``srun`` or Hydra's submitit
+launcher.
 
 ``torchrun --nproc_per_node=W scripts/train.py ...`` starts W processes with ``RANK``/``WORLD_SIZE``/
-``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set (``srun`` with W tasks sets SLURM's, which
-:func:`adopt_slurm_env` translates, so one run spans several nodes); :func:`from_env` joins them (NCCL on CUDA,
-gloo on a CPU) and gives each process the GPU of its local rank. One process (no such variables) is :data:`SINGLE`, and
-every helper below is then a no-op, so a single-process run is unchanged.
+``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set; ``srun`` with W tasks, and ``hydra.launcher.tasks_per_node=W``
+under ``hydra/launcher=slurm`` or ``submitit_local``, start W tasks of one job, whose variables
+:func:`adopt_job_env` translates (so one run spans several GPUs and nodes). :func:`from_env` joins them (NCCL on
+CUDA, gloo on a CPU) and gives each process the GPU of its local rank. One process (no such variables) is
+:data:`SINGLE`, and every helper below is then a no-op, so a single-process run is unchanged.
 
 A run's randomness is shared by all ranks: rank 0 draws the secret root and broadcasts it over the process
 group (never through a file), so every rank draws the same Poisson sample and the same noise. Methods split
@@ -21,7 +23,7 @@ import torch
 
 from dpgen.errors import DpgenError
 
-__all__ = ["Dist", "SINGLE", "adopt_slurm_env", "from_env", "launched_multi_process"]
+__all__ = ["Dist", "SINGLE", "adopt_job_env", "adopt_slurm_env", "from_env", "launch_rank", "launched_multi_process"]
 
 
 @dataclass(frozen=True)
@@ -117,35 +119,74 @@ class Dist:
 SINGLE = Dist()
 
 
-def adopt_slurm_env() -> None:
-    """Under ``srun`` with several tasks (and no ``torchrun``), set torch.distributed's ``env://`` variables (RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR = the job's first node, MASTER_PORT from the job id) from SLURM's, with
-    submitit's parser of the node list. A no-op otherwise: one task (``hydra/launcher=slurm`` jobs, ``sbatch`` batch
-    steps) or a torchrun launch, whose variables win."""
+def _submitit_job() -> Any:
+    """submitit's description of the multi-task job this process is one task of (``srun`` with several tasks,
+    submitit's SLURM or local executor with ``tasks_per_node`` > 1), or None."""
+    env = os.environ
     try:
-        tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    except ValueError:
-        return
-    if tasks <= 1 or "WORLD_SIZE" in os.environ or "SLURM_PROCID" not in os.environ:
-        return
-    from submitit.slurm.slurm import SlurmJobEnvironment  # SLURM's variables, its node-list syntax included
+        if env.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in env:
+            if int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:  # a task of submitit's local controller
+                from submitit.local.local import LocalJobEnvironment
 
-    job = SlurmJobEnvironment()
-    # every task derives the same port from the job id; CUDA_VISIBLE_DEVICES is left alone (local rank r takes
-    # cuda:r, see from_env); a MASTER_ADDR/MASTER_PORT set by the job script wins
-    for key, value in {"MASTER_ADDR": job.hostnames[0], "MASTER_PORT": 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 40000,
-                       "RANK": job.global_rank, "WORLD_SIZE": job.num_tasks, "LOCAL_RANK": job.local_rank}.items():
+                return LocalJobEnvironment()
+        elif "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:  # a task of an srun step
+            from submitit.slurm.slurm import SlurmJobEnvironment  # SLURM's variables, its node-list syntax included
+
+            return SlurmJobEnvironment()
+    except ValueError:
+        pass
+    return None
+
+
+def adopt_job_env() -> None:
+    """In a task of a multi-task job (and no ``torchrun``), set torch.distributed's ``env://`` variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR = the job's first node, MASTER_PORT from the job id) from the job's, read by
+    submitit's job environment: ``srun -n W`` (SLURM's variables, in an sbatch script or under
+    ``hydra/launcher=slurm hydra.launcher.tasks_per_node=W``) or ``hydra/launcher=submitit_local
+    hydra.launcher.tasks_per_node=W`` (submitit's local controller: ``SUBMITIT_LOCAL_*``, one node, this host).
+    A no-op otherwise: one task (``hydra/launcher=slurm`` jobs by default, ``sbatch`` batch steps) or a torchrun
+    launch, whose variables win."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    job = _submitit_job()
+    try:
+        if job is None or job.num_tasks <= 1:
+            return
+        task = {"RANK": job.global_rank, "WORLD_SIZE": job.num_tasks, "LOCAL_RANK": job.local_rank}
+    except ValueError:  # a malformed variable: no job to join
+        return
+    try:  # the SLURM job id (unique per array task too), or the local controller's pid
+        job_id = int(job.raw_job_id)
+    except (KeyError, ValueError):
+        job_id = 0
+    # every task of a job derives the same port from its id (another job: another port); CUDA_VISIBLE_DEVICES is
+    # left alone (local rank r takes cuda:r, see from_env); a MASTER_ADDR/MASTER_PORT set by the job script wins
+    master = "127.0.0.1" if job.cluster == "local" else job.hostnames[0]  # the local executor runs on this host
+    for key, value in {"MASTER_ADDR": master, "MASTER_PORT": 20000 + job_id % 40000, **task}.items():
         os.environ.setdefault(key, str(value))
 
 
+adopt_slurm_env = adopt_job_env  # the former name (it read SLURM's variables only)
+
+
 def launched_multi_process() -> bool:
-    """Whether this process is one of several of one run: started by ``torchrun``, or by ``srun`` with several tasks
-    (:func:`adopt_slurm_env` then sets ``WORLD_SIZE``)."""
-    adopt_slurm_env()
+    """Whether this process is one of several of one run: started by ``torchrun``, or as a task of a multi-task job
+    (``srun``, submitit's executors; :func:`adopt_job_env` then sets ``WORLD_SIZE``)."""
+    adopt_job_env()
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         return False
+
+
+def launch_rank() -> int:
+    """This process's rank in a multi-process launch; 0 in a single-process run."""
+    if not launched_multi_process():
+        return 0
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
 
 
 launched_by_torchrun = launched_multi_process  # the name schema.py imports (srun launches count too)

@@ -212,8 +212,8 @@ class TrainSchema:
 
 
 def _check_multi_process(cfg: Any) -> None:
-    """Under ``torchrun`` (several processes): a method whose ``train`` splits its work over the ranks, with the
-    backend that does."""
+    """Under ``torchrun`` (or several tasks of one job: ``srun``, ``hydra.launcher.tasks_per_node``): a method whose
+    ``train`` splits its work over the ranks, with the backend that does."""
     from dpgen.core.dist import launched_by_torchrun
     from dpgen.core.methods import METHODS
 
@@ -222,8 +222,8 @@ def _check_multi_process(cfg: Any) -> None:
     info = METHODS.get(str(cfg.method.name))
     if info is not None and not info.multi_process:
         multi = ", ".join(m for m, i in METHODS.items() if i.multi_process)
-        raise DpgenError(f"method={cfg.method.name} trains in one process; launch it without torchrun "
-                         f"(multi-process methods: {multi})")
+        raise DpgenError(f"method={cfg.method.name} trains in one process; launch it without torchrun, srun -n W "
+                         f"or hydra.launcher.tasks_per_node=W (multi-process methods: {multi})")
     hp = cfg.get(info.hparams) if info is not None else None
     if hp is not None and str(hp.get("grad_backend", "torch_func")) != "torch_func":
         raise bad(f"{info.hparams}.grad_backend", hp.grad_backend, "torch_func under torchrun (opacus hooks run in "
