@@ -74,6 +74,20 @@ def _given(overrides: Sequence[str]) -> dict[str, str]:
     return {a.split("=", 1)[0].lstrip("+~"): a.split("=", 1)[1] for a in overrides if "=" in a}
 
 
+def _launcher_tasks(overrides: Sequence[str]) -> int:
+    """The largest ``hydra.launcher.tasks_per_node`` the overrides ask for (1 when none)."""
+    most = 1
+    for a in overrides:
+        key, _, value = a.partition("=")
+        if key.lstrip("+") == "hydra.launcher.tasks_per_node":
+            for v in value.split(","):
+                try:
+                    most = max(most, int(v))
+                except ValueError:
+                    pass  # Hydra reports a malformed value itself
+    return most
+
+
 def precheck(args: Sequence[str], config_name: str = "train") -> None:
     """Compose the config for the given overrides and validate it; raise DpgenError on any problem."""
     from hydra import compose, initialize_config_dir
@@ -81,7 +95,7 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
 
     from dpgen.core.config import register_configs
     from dpgen.core.pipeline import validate
-    from dpgen.core.schema import explain_config_error
+    from dpgen.core.schema import check_multi_process, explain_config_error
 
     register_configs()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
@@ -109,6 +123,8 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
             raise explain_config_error(exc, _given(variant)) from None
         if config_name == "train":
             validate(cfg)
+            if _launcher_tasks(overrides) > 1:  # refused here, not inside a job that has queued for hours
+                check_multi_process(cfg, several=True)
         configs.append(cfg)
     if config_name == "train":
         for cfg in configs:  # ... then the data each job reads

@@ -160,6 +160,19 @@ def test_single_process_methods_and_the_opacus_backend_are_refused_under_torchru
     assert files_in(tmp_path) == {}
 
 
+def test_a_job_of_several_tasks_is_refused_before_submitting_for_a_single_process_method(tmp_path, capsys, monkeypatch):
+    """hydra.launcher.tasks_per_node=W: the refusal comes at submission, not inside a job that queued for hours."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
+    code, _, err = call(capsys, "train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                        "method=dpgan", "dataset=digits")
+    assert "method=dpgan trains in one process" in one_error(code, err)
+    assert files_in(tmp_path) == {}
+    code, _, err = call(capsys, "train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=1",
+                        "method=dpgan", "dataset=digits")
+    assert code == 0, err
+
+
 # ---- gpate: the teachers sharded over the ranks ------------------------------------------------------------------
 TINY_GPATE = ["method=gpate", "dataset=digits", "eps=10", "gpate.teachers=5", "gpate.iters=3", "gpate.batch_size=4",
               "gpate.proj_dim=3", "gpate.teacher_warmup=1", "gpate.gf_dim=4", "gpate.gfc_dim=16", "gpate.df_dim=4",

@@ -86,6 +86,16 @@ def test_torchrun_and_job_script_variables_win(job_env):
     assert job_env(**_local(1), MASTER_PORT="23456")["MASTER_PORT"] == "23456"
 
 
+def test_each_task_finds_its_gpu_whether_or_not_the_scheduler_binds_one_per_task():
+    from dpgen.core.dist import rank_gpu
+    from dpgen.errors import DpgenError
+
+    assert [rank_gpu(r, 4) for r in range(4)] == [0, 1, 2, 3], "all of a node's GPUs visible: rank r takes cuda:r"
+    assert [rank_gpu(r, 1) for r in range(4)] == [0, 0, 0, 0], "one GPU bound per task: it is that task's cuda:0"
+    with pytest.raises(DpgenError, match="^local rank 2 has no GPU \\(2 visible\\)"):
+        rank_gpu(2, 2)
+
+
 def test_only_rank_zero_writes_the_hydra_config(job_env):
     """Hydra saves ``.hydra/`` in every task of a job before the task function runs: ranks > 0 get no directory."""
     from dpgen.core.config import _hydra_subdir

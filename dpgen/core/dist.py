@@ -192,10 +192,22 @@ def launch_rank() -> int:
 launched_by_torchrun = launched_multi_process  # the name schema.py imports (srun launches count too)
 
 
+def rank_gpu(local_rank: int, visible: int) -> int:
+    """The CUDA index of local rank r: r when the node's GPUs are all visible (torchrun, ``srun`` without GPU
+    binding), 0 when the scheduler bound one GPU to each task (``--gpus-per-task=1``, ``--gpu-bind``: every task
+    sees only its own GPU, as cuda:0)."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise DpgenError(f"local rank {local_rank} has no GPU ({visible} visible); "
+                         "use --nproc_per_node (or tasks per node) <= the number of GPUs")
+    return local_rank
+
+
 def from_env(device: torch.device) -> tuple[Dist, torch.device]:
     """Join the process group ``torchrun`` set up (or :data:`SINGLE` without one) and the device of this rank.
 
-    ``device``: the run's device as configured; CUDA runs put local rank r on ``cuda:r``.
+    ``device``: the run's device as configured; CUDA runs put local rank r on ``cuda:r`` (:func:`rank_gpu`).
     """
     if not launched_multi_process():
         return SINGLE, device
@@ -207,10 +219,7 @@ def from_env(device: torch.device) -> tuple[Dist, torch.device]:
     except (KeyError, ValueError):
         raise DpgenError("WORLD_SIZE > 1 but RANK/LOCAL_RANK are missing: launch with torchrun") from None
     if device.type == "cuda":
-        if local >= torch.cuda.device_count():
-            raise DpgenError(f"local rank {local} has no GPU ({torch.cuda.device_count()} visible); "
-                             "use --nproc_per_node <= the number of GPUs")
-        device = torch.device("cuda", local)
+        device = torch.device("cuda", rank_gpu(local, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     if not td.is_initialized():
         td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")

@@ -208,16 +208,18 @@ class TrainSchema:
         # resume=auto is decided per job by dpgen/core/resume.py (continue if the job's directory has a checkpoint)
         if node.resume is not None and str(node.resume) != "auto" and not Path(str(node.resume)).is_dir():
             raise bad("resume", node.resume, "the directory of an interrupted run")
-        _check_multi_process(node)
+        check_multi_process(node)
 
 
-def _check_multi_process(cfg: Any) -> None:
+def check_multi_process(cfg: Any, several: bool | None = None) -> None:
     """Under ``torchrun`` (or several tasks of one job: ``srun``, ``hydra.launcher.tasks_per_node``): a method whose
-    ``train`` splits its work over the ranks, with the backend that does."""
+    ``train`` splits its work over the ranks, with the backend that does. ``several``: whether the run will have
+    several processes (None: this process's launch says so; the CLI passes True before submitting a job of
+    several tasks)."""
     from dpgen.core.dist import launched_by_torchrun
     from dpgen.core.methods import METHODS
 
-    if not launched_by_torchrun():
+    if not (launched_by_torchrun() if several is None else several):
         return
     info = METHODS.get(str(cfg.method.name))
     if info is not None and not info.multi_process:
