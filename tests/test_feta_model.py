@@ -122,7 +122,8 @@ class _Oracle(torch.nn.Module):
         self.unused = torch.nn.Parameter(torch.zeros(1))  # the generator reads its device from a parameter
 
     def forward(self, x, sigma, labels):
-        return self.clean[: x.shape[0]].to(x.dtype).clone()
+        # row i answers clean[i mod n]: a guided call batches (x | y) and (x | null) as 2n rows
+        return self.clean[torch.arange(x.shape[0]) % self.clean.shape[0]].to(x.dtype).clone()
 
 
 class _GaussianData(torch.nn.Module):
@@ -200,3 +201,21 @@ def test_sample_chunk_is_sized_by_device_unless_set():
     assert FetaGenerator(**{**gen.init_kwargs, "chunk": 7}).chunk_size(torch.device("meta")) == 7
     with pytest.raises(DpgenError, match="sample_chunk"):
         FetaGenerator(10, [1, 28, 28], TINY_UNET, dict(name="ddim", steps=2), chunk=0)
+
+
+def test_guidance_batches_the_conditional_and_null_calls_into_one():
+    """(1+w) D(x|y) − w D(x|∅) from one denoiser call of 2n rows equals the two calls made apart."""
+    from dpgen.nets.edm import _guided
+
+    calls = []
+
+    class Labelled(torch.nn.Module):
+        def forward(self, x, sigma, labels):
+            calls.append(x.shape[0])
+            return x * 0.5 + labels.reshape(-1, 1, 1, 1).to(x.dtype) / sigma.reshape(-1, 1, 1, 1)
+
+    net, x, y = Labelled(), torch.randn(5, 1, 4, 4), torch.tensor([0, 1, 2, 1, 0])
+    want = 3.0 * net(x, torch.full((5,), 2.0), y) - 2.0 * net(x, torch.full((5,), 2.0), torch.full_like(y, 3))
+    calls.clear()
+    torch.testing.assert_close(_guided(net, x, 2.0, y, 3, 2.0), want)
+    assert calls == [10], "one call of 2n rows"
