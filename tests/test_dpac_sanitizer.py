@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from dpgen.data.base import ImageDataset, Split
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import ResNetGenerator, clf_init, disc_init
+from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
 from dpgen.nets.spectral import sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.dpac.train import generator_step
@@ -55,8 +55,8 @@ def test_noise_std_is_two_c_z():
     assert san.noise_std == pytest.approx(2 * clip * z)
 
 
-@pytest.mark.parametrize("with_classifier", [False, True])
-def test_generator_update_depends_on_data_only_through_the_sanitised_release(with_classifier):
+@pytest.mark.parametrize("with_classifier,joint", [(False, False), (True, False), (True, True)])
+def test_generator_update_depends_on_data_only_through_the_sanitised_release(with_classifier, joint):
     torch.manual_seed(0)
     g_net = ResNetGenerator(10, SHAPE, z_dim=10, width=8)
     opt = torch.optim.SGD(g_net.parameters(), lr=0.0)
@@ -64,7 +64,7 @@ def test_generator_update_depends_on_data_only_through_the_sanitised_release(wit
     disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
     clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu")) if with_classifier else None
     san_d = Sanitizer(1e-3, 0.7, secret_generator("cpu", seed=2))
-    san_c = Sanitizer(1e-3, 0.7, secret_generator("cpu", seed=3))
+    san_c = None if joint else Sanitizer(1e-3, 0.7, secret_generator("cpu", seed=3))
     g = secret_generator("cpu", seed=4)
     state = g.get_state()
     generator_step(g_net, opt, disc, clf, 1, san_d, san_c, 0.8, 8, 10, g)
@@ -74,12 +74,20 @@ def test_generator_update_depends_on_data_only_through_the_sanitised_release(wit
     g_net.eval()  # reuse the spectral-norm vectors of the step (train mode would run another power iteration)
     y = torch.randint(0, 10, (8,), generator=g)
     x = g_net(g_net.sample_z(8, g), y)
-    release = san_d.last_release + (san_c.last_release if with_classifier else 0.0)
+    release = san_d.last_release + (san_c.last_release if with_classifier and not joint else 0.0)
     ref = torch.autograd.grad(x, list(g_net.parameters()), grad_outputs=release / 8, allow_unused=True)
     for a, r in zip(grads, ref):
         torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r, rtol=1e-4, atol=1e-7)
     assert (san_d.last_norms > 1e-3).all(), "setup: clipping must be active"
-    assert san_c.calls == (1 if with_classifier else 0)
+    assert san_d.calls == 1
+    if joint:  # the one hook saw the gradient of the whole loss, 0.8·∂D + 0.2·∂C, per sample
+        xd = x.detach().requires_grad_(True)
+        (p, u), (pc, uc) = disc.member(1), clf.member(0)
+        whole = -(0.8 * disc_forward(p, u, xd, y).sum() + 0.2 * clf_forward(pc, uc, xd, y).sum())
+        (gx,) = torch.autograd.grad(whole, xd)
+        torch.testing.assert_close(san_d.last_norms, gx.flatten(1).norm(dim=1), rtol=1e-4, atol=1e-7)
+    else:
+        assert san_c.calls == (1 if with_classifier else 0)
 
 
 def _toy_data(n: int = 120) -> ImageDataset:
@@ -91,7 +99,7 @@ def _toy_data(n: int = 120) -> ImageDataset:
 TINY_HP = {"num_discriminators": 4, "iters": 4, "batch_size": 6, "critic_iters": 1, "pretrain_iters": 2,
            "pretrain_chunk": 4, "gp_weight": 10.0, "drift": 1e-3, "lr": 1e-4, "betas": [0.5, 0.9], "ema": 0.9,
            "z_dim": 10, "g_width": 8, "d_width": 4, "clip": 1.0, "noise_multiplier": None, "beta": 0.8,
-           "classifier": {"enabled": True, "start": 2, "n_fake": 1, "n_real": 1, "fake_batch": 10, "reinit": True,
+           "sanitize": "per_path", "classifier": {"enabled": True, "start": 2, "n_fake": 1, "n_real": 1, "fake_batch": 10, "reinit": True,
                           "order": "sequential"}}
 
 
@@ -132,6 +140,30 @@ def test_ledger_entries_match_the_releases(tmp_path, monkeypatch):
     assert any("never released" in n for n in ledger.notes)
     x, _ = gen.sample(10)
     assert x.shape == (10, 1, 28, 28) and 0 <= x.min() and x.max() <= 1
+
+
+def test_joint_sanitiser_releases_one_path_and_the_ledger_charges_one(tmp_path, monkeypatch):
+    """dpac.sanitize=joint (Eq. 9): one sanitiser, called once per iteration also once C is on; one Gaussian per
+    iteration in the ledger, so z is calibrated for one path (smaller than per_path's at the same ε)."""
+    tr = importlib.import_module("dpgen.dpac.train")
+    made = []
+    orig = tr.Sanitizer
+
+    class Spy(orig):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(tr, "Sanitizer", Spy)
+    _, ledger = run_tiny(tmp_path / "joint", sanitize="joint")
+    (san,) = made
+    assert san.calls == 4, "one release per iteration, C's path included"
+    assert [(e.count, len(e.noise_multipliers)) for e in ledger.entries] == [(4, 1)]
+    assert san.noise_std == pytest.approx(ledger.entries[0].noise_multipliers[0] * math.sqrt(6) * 2 * 1.0)
+    assert ledger.epsilon() == pytest.approx(8.0, rel=0.01)
+    made.clear()
+    _, per_path = run_tiny(tmp_path / "per_path", sanitize="per_path")
+    assert san.noise_multiplier < made[0].noise_multiplier, "two charged paths need more noise per path"
 
 
 def test_budget_guard_stops_a_run_with_too_little_noise(tmp_path):

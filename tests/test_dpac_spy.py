@@ -151,16 +151,21 @@ class Spy:
         return out
 
 
-@pytest.mark.parametrize("method", ["gswgan", "dpac", "efsgd"])
-def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method,sanitize", [("gswgan", None), ("dpac", "joint"), ("dpac", "per_path"),
+                                             ("efsgd", None)], ids=["gswgan", "dpac", "dpac_per_path", "efsgd"])
+def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, tmp_path, monkeypatch):
+    """dpac's default (``dpac.sanitize=joint``, Eq. 9) releases one path per iteration, D's and C's gradients
+    sanitised together; ``per_path`` (the official code) releases D's and, from t_c, C's apart."""
     data = load_dataset("digits", str(tmp_path / "data"))
     spy = Spy(monkeypatch, data)
     key = "efsgd" if method == "efsgd" else "dpac"
+    extra = [f"dpac.sanitize={sanitize}"] if sanitize else []
     # σ fixed (no calibration: faster); the ledger and the guard treat it as any other run's
     # refresh_chunk=0 and a fixed secret draw (noise_seed) that revisits a partition within the 4 iterations, so efsgd
     # feeds an error state back (with OS entropy 4 draws of 4 partitions are all distinct 9% of the time)
     _, ledger, _ = train_in_memory(method, tmp_path / "run", f"{key}.clip={CLIP[method]}",
-                                   f"{key}.noise_multiplier=30", f"{key}.refresh_chunk=0", data=data, noise_seed=1)
+                                   f"{key}.noise_multiplier=30", f"{key}.refresh_chunk=0", *extra, data=data,
+                                   noise_seed=1)
     monkeypatch.undo()
     steps = spy.iteration_multipliers()
     assert len(steps) == 4 == sum(e.count for e in ledger.entries)
@@ -176,7 +181,8 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, tmp_path, m
     sens = {"d": 2 * c1, "c": 2 * c1, "e": 2 * c1, "code": 2 * CODE_CLIP}
     if method == "efsgd":  # error feedback: a row moves by at most 2 (C1 + C2)
         sens.update(d=2 * (c1 + C2), c=2 * (c1 + C2), e=2 * (c1 + C2))
-    order = {"gswgan": ["d"], "dpac": ["d", "c"], "efsgd": ["d", "c", "e", "code"]}[method]
+    order = {"gswgan": ["d"], "dpac": ["d"] if sanitize == "joint" else ["d", "c"],
+             "efsgd": ["d", "c", "e", "code"]}[method]
     for t, (multipliers, q) in enumerate(steps):
         assert q == pytest.approx(1 / K)
         released = [e for e in spy.events if e["step"] == t]
@@ -203,27 +209,29 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, tmp_path, m
 
 # ---- budget guard that binds ----------------------------------------------------------------
 
-def _planned_entries(method: str, z: float, n: int) -> list:
+def _planned_entries(method: str, z: float, n: int, sanitize: str | None = None) -> list:
     """The method's own ledger entries for n tiny iterations at per-sample multiplier z (sound accounting)."""
     if method == "efsgd":
         from dpgen.efsgd.accounting import iteration_entries
         return iteration_entries(z, K, B, n, 2, True, True)
     from dpgen.dpac.accounting import iteration_entries
-    return iteration_entries(z, K, B, n, 2 if method == "dpac" else None)
+    return iteration_entries(z, K, B, n, 2 if method == "dpac" and sanitize == "per_path" else None)
 
 
-@pytest.mark.parametrize("method,z", [("gswgan", 6.0), ("dpac", 8.0), ("efsgd", 10.0)])
-def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, tmp_path):
+@pytest.mark.parametrize("method,z,sanitize", [("gswgan", 6.0, None), ("dpac", 8.0, "per_path"), ("dpac", 6.0, "joint"),
+                                               ("efsgd", 10.0, None)])
+def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, tmp_path):
     key = "efsgd" if method == "efsgd" else "dpac"
     target, planned = 3.0, 40
-    _, ledger, _ = train_in_memory(method, tmp_path, f"{key}.noise_multiplier={z}", f"{key}.iters={planned}",
+    extra = [f"dpac.sanitize={sanitize}"] if sanitize else []
+    _, ledger, _ = train_in_memory(method, tmp_path, f"{key}.noise_multiplier={z}", f"{key}.iters={planned}", *extra,
                                    eps=target)
     done = sum(e.count for e in ledger.entries)
-    allowed = max(n for n in range(planned + 1) if n == 0 or compute_epsilon(_planned_entries(method, z, n),
-                                                                            1e-5) <= target)
+    allowed = max(n for n in range(planned + 1) if n == 0 or compute_epsilon(
+        _planned_entries(method, z, n, sanitize), 1e-5) <= target)
     assert 2 < allowed < planned, "setup: the guard must bind after the classifier starts"
     assert done == allowed
-    assert ledger.epsilon() <= target < compute_epsilon(_planned_entries(method, z, allowed + 1), 1e-5)
+    assert ledger.epsilon() <= target < compute_epsilon(_planned_entries(method, z, allowed + 1, sanitize), 1e-5)
 
 
 def test_paper_budget_stops_at_the_paper_analysis_cap(tmp_path):

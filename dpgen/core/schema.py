@@ -346,6 +346,7 @@ LATER_KEYS: dict[str, Any] = {
     "privacy.secure_noise": False,   # ... and drew one normal per noise coordinate
     "precision": "fp32",             # issue 24: runs before the option trained in torch's default precision ...
     "cudnn_benchmark": False,        # ... with cuDNN's default (no benchmark)
+    "dpac.sanitize": "per_path",     # issue 26: dpac runs before the option sanitised D's and C's paths apart
 }
 
 

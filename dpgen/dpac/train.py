@@ -48,7 +48,8 @@ PRETRAIN_NOTE = (
 )
 SOUND_NOTE = (
     "sound: each generator iteration is one event sampled at rate 1/K (the uniformly drawn partition) "
-    "releasing B per-sample gradients per path (D, and C once active), each clipped to C with noise std "
+    "releasing B per-sample gradients per path (one path with dpac.sanitize=joint, Eq. 9: the gradient of "
+    "beta*D + (1-beta)*C; per_path: D, and C once active), each clipped to C with noise std "
     "2*C*z; joint L2 sensitivity 2C*sqrt(P*B), so noise multiplier z/sqrt(B) per path (sigma_eff z/sqrt(P*B)). "
     "The partition draw is modelled as Poisson subsampling at 1/K (add/remove-one)."
 )
@@ -393,7 +394,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
 
     state = run.resume_state["state"] if run.resume_state else None
-    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start)
+    joint = str(hp.sanitize) == "joint"  # Eq. (9): one sanitiser on the gradient of the whole loss L_G
+    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, None if joint else c_start)
     if ledger.accounting == "paper":
         ledger.paper_epsilon = paper_epsilon_fn(B)
     for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
@@ -401,13 +403,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             ledger.notes.append(note)
     base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
     san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen)
-    san_c = Sanitizer(float(hp.clip), z_noise, base.noise_gen)
+    san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen)
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
     budget = IterationBudget(ledger, ENTRY, K, paper_cap)
-    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s accounting", K, B, T, z_noise, zp,
-             c_start, ledger.accounting)
+    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s sanitiser, %s accounting", K, B, T,
+             z_noise, zp, c_start, "joint" if joint else "per-path", ledger.accounting)
 
     def snapshot() -> dict:
         return {**base.state_dict(), "noise_multiplier": z_noise}
@@ -422,7 +424,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     it = run.start_step
     while it < T:
         with_c = c_start is not None and it >= c_start
-        paths = (zp, zp) if with_c else (zp,)  # D, and C from t_c: noise 2Cz per row, sensitivity 2C per row
+        # D, and C from t_c with per-path sanitisers (official code): noise 2Cz per row, sensitivity 2C per row;
+        # one path when the gradient of β·D + (1−β)·C is sanitised at once (Eq. 9)
+        paths = (zp, zp) if with_c and not joint else (zp,)
         if not budget.allows(it, paths):
             break
         k = uniform_member(K, data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
@@ -442,21 +446,25 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
 
 def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,
-                   k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer, beta: float, b: int, ncls: int,
+                   k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer | None, beta: float, b: int, ncls: int,
                    g: torch.Generator) -> torch.Tensor:
     """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C(G(z), y) through the sanitisers.
 
     The per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x_i; it clips, adds noise and
-    divides by B. D_k and C are detached: only the sanitised image gradients reach G.
+    divides by B. ``san_c`` None (``dpac.sanitize=joint``, Eq. 9): D and C read one sanitised view of the
+    images, whose hook sees the gradient of the whole loss, β·∂D + (1−β)·∂C, and sanitises it once; otherwise
+    each path has its own sanitiser (the official code's hooks on D.conv1 and C1.conv1). D_k and C are detached:
+    only the sanitised image gradients reach G.
     """
     dev = next(g_net.parameters()).device
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
     x = g_net(g_net.sample_z(b, g, dev), y)
     p, u = disc.member(k)
-    loss = -beta * disc_forward(p, u, san_d(x), y).sum()
+    xs = san_d(x)
+    loss = -beta * disc_forward(p, u, xs, y).sum()
     if clf is not None:
         pc, uc = clf.member(0)
-        loss = loss - (1.0 - beta) * clf_forward(pc, uc, san_c(x), y).sum()
+        loss = loss - (1.0 - beta) * clf_forward(pc, uc, xs if san_c is None else san_c(x), y).sum()
     opt_g.zero_grad(set_to_none=True)
     loss.backward()
     opt_g.step()

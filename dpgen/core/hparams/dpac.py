@@ -75,4 +75,5 @@ def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
 @dataclass
 class DpacHparams(EnsembleHparams):
     beta: float = spec(ge=0.0, le=1.0)          # weight of D in G's loss (1: GS-WGAN)
+    sanitize: str = spec(choices=("joint", "per_path"))  # Eq. 9 (one sanitiser) | the official code (one per path)
     classifier: ClassifierHparams = nested(ClassifierHparams)
