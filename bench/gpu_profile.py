@@ -249,11 +249,16 @@ class _FlopWindow:
         self.unsupported: list[str] = []
 
     def open(self) -> None:
+        import inspect
+
         from torch.utils.flop_counter import FlopCounterMode
 
         try:
-            # skip_unsupported: higher-order ops without a formula (compiled graphs) run uncounted, not fail
-            mode = FlopCounterMode(display=False, skip_unsupported=True)
+            # skip_unsupported (newer torch): higher-order ops without a formula (compiled graphs) run uncounted,
+            # not fail; older torch has no such option and counts what it knows
+            extra = ({"skip_unsupported": True}
+                     if "skip_unsupported" in inspect.signature(FlopCounterMode.__init__).parameters else {})
+            mode = FlopCounterMode(display=False, **extra)
             if hasattr(mode, "mod_tracker"):  # torch >= 2.4's per-module attribution (private, hence the check)
                 mode.mod_tracker = _GlobalOnly()
             mode.__enter__()
@@ -269,7 +274,7 @@ class _FlopWindow:
             mode.__exit__(None, None, None)
             if complete:
                 self.flops = int(mode.get_total_flops())
-                self.unsupported = sorted(mode.get_unsupported_ops())
+                self.unsupported = sorted(getattr(mode, "get_unsupported_ops", list)())
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
