@@ -67,3 +67,15 @@ def test_kept_classifier_is_refused_by_the_schema_under_sound_accounting(method)
         check_config(sound)
     check_config(paper)
     check_config(off)
+
+
+def test_grad_basis_larger_than_the_image_is_refused_before_any_run_directory(tmp_path):
+    """dpac.grad_basis counts DCT atoms of the image: more atoms than pixels is one line, exit 2, nothing written."""
+    from conftest import run_script
+
+    res = run_script("train.py", "method=gswgan", "dataset=digits", "dpac.grad_basis=785",
+                     f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == \
+        "error: dpac.grad_basis=785 is invalid; expected at most the image size 784 (or null)"
+    assert not (tmp_path / "run").exists()

@@ -55,6 +55,40 @@ def test_noise_std_is_two_c_z():
     assert san.noise_std == pytest.approx(2 * clip * z)
 
 
+def test_a_basis_sanitiser_clips_and_noises_the_coefficients_and_releases_only_their_span():
+    """dpac.grad_basis: each row's L DCT coefficients are clipped to C and get noise std 2Cz (the same Gaussian
+    mechanism as the pixel release, so the same ledger); what reaches x is U·release / B, inside span(U)."""
+    from dpgen.nets.dct import dct_basis
+
+    clip, z, b, n_basis = 0.5, 1.3, 256, 49
+    basis = dct_basis(tuple(SHAPE), n_basis)
+    san = Sanitizer(clip, z, secret_generator("cpu", seed=0), basis)
+    x = torch.randn(b, *SHAPE, requires_grad=True)
+    raw = torch.randn(b, *SHAPE) * 5.0  # norms far above the clip, most energy outside the 49 atoms
+    (san(x) * raw).sum().backward()
+    coeff = raw.flatten(1) @ basis
+    torch.testing.assert_close(san.last_norms, coeff.norm(dim=1))
+    assert san.last_clipped.shape == (b, n_basis)
+    assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-5)).all(), "clipped in coefficient space"
+    noise = san.last_release - san.last_clipped
+    assert noise.std().item() == pytest.approx(2 * clip * z, rel=0.03), "noise std 2Cz per coefficient"
+    torch.testing.assert_close(x.grad, (san.last_release @ basis.T).view_as(x) / b)
+    inside = (x.grad.flatten(1) @ basis) @ basis.T
+    torch.testing.assert_close(inside, x.grad.flatten(1), atol=1e-6, rtol=0)
+
+
+def test_a_basis_sanitiser_without_noise_passes_the_projected_gradient():
+    from dpgen.nets.dct import dct_basis
+
+    basis = dct_basis(tuple(SHAPE), 100)
+    san = Sanitizer(100.0, 0.0, secret_generator("cpu", seed=0), basis)
+    x = torch.randn(3, *SHAPE, requires_grad=True)
+    raw = torch.randn(3, *SHAPE)
+    (san(x) * raw).sum().backward()
+    expected = ((raw.flatten(1) @ basis) @ basis.T).view_as(x) / 3
+    torch.testing.assert_close(x.grad, expected)
+
+
 @pytest.mark.parametrize("with_classifier,joint", [(False, False), (True, False), (True, True)])
 def test_generator_update_depends_on_data_only_through_the_sanitised_release(with_classifier, joint):
     torch.manual_seed(0)

@@ -123,6 +123,7 @@ class Spy:
                         "empirical": (self.last_release - signal).std().item(),
                         "max_clipped": self.last_clipped.flatten(1).norm(dim=1).max().item(),
                         "active": bool((self.last_norms > self.clip).any()),
+                        "dims": self.last_release[0].numel(),
                         "error_clipped": (None if getattr(self, "last_error_clipped", None) is None else
                                           self.last_error_clipped.flatten(1).norm(dim=1).max().item())})
                     return out
@@ -151,19 +152,25 @@ class Spy:
         return out
 
 
-@pytest.mark.parametrize("method,sanitize", [("gswgan", None), ("dpac", "joint"), ("dpac", "per_path"),
-                                             ("efsgd", None)], ids=["gswgan", "dpac", "dpac_per_path", "efsgd"])
-def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method,sanitize,basis", [("gswgan", None, None), ("dpac", "joint", None),
+                                                   ("dpac", "per_path", None), ("efsgd", None, None),
+                                                   ("gswgan", None, 20), ("dpac", "per_path", 20)],
+                         ids=["gswgan", "dpac", "dpac_per_path", "efsgd", "gswgan_basis", "dpac_per_path_basis"])
+def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, basis, tmp_path, monkeypatch):
     """dpac's default (``dpac.sanitize=joint``, Eq. 9) releases one path per iteration, D's and C's gradients
-    sanitised together; ``per_path`` (the official code) releases D's and, from t_c, C's apart."""
+    sanitised together; ``per_path`` (the official code) releases D's and, from t_c, C's apart. With
+    ``dpac.grad_basis`` every release is the L clipped and noised DCT coefficients of each row, at the same
+    ledger multiplier and sensitivity."""
     data = load_dataset("digits", str(tmp_path / "data"))
     spy = Spy(monkeypatch, data)
     key = "efsgd" if method == "efsgd" else "dpac"
     extra = [f"dpac.sanitize={sanitize}"] if sanitize else []
+    extra += [f"dpac.grad_basis={basis}"] if basis else []
     # σ fixed (no calibration: faster); the ledger and the guard treat it as any other run's
     # refresh_chunk=0 and a fixed secret draw (noise_seed) that revisits a partition within the 4 iterations, so efsgd
     # feeds an error state back (with OS entropy 4 draws of 4 partitions are all distinct 9% of the time)
-    _, ledger, _ = train_in_memory(method, tmp_path / "run", f"{key}.clip={CLIP[method]}",
+    c1 = CLIP[method] / (10 if basis else 1)  # a basis keeps part of each gradient: clipping must still bind
+    _, ledger, _ = train_in_memory(method, tmp_path / "run", f"{key}.clip={c1}",
                                    f"{key}.noise_multiplier=30", f"{key}.refresh_chunk=0", *extra, data=data,
                                    noise_seed=1)
     monkeypatch.undo()
@@ -177,7 +184,6 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, t
     bad = [(what, m) for what, m, ok in spy.reads if not ok]
     assert not bad, f"reads outside the member's partition: {bad[:5]}"
 
-    c1 = CLIP[method]
     sens = {"d": 2 * c1, "c": 2 * c1, "e": 2 * c1, "code": 2 * CODE_CLIP}
     if method == "efsgd":  # error feedback: a row moves by at most 2 (C1 + C2)
         sens.update(d=2 * (c1 + C2), c=2 * (c1 + C2), e=2 * (c1 + C2))
@@ -193,6 +199,8 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, t
         assert sum(e["path"] == "code" for e in released) == (2 if method == "efsgd" else 0)
         z_of = dict(zip(expected_paths, multipliers))
         for e in released:
+            if e["path"] != "code":
+                assert e["dims"] == (basis or math.prod(data.shape)), "every pixel, or the grad_basis coefficients"
             std = z_of[e["path"]] * math.sqrt(B) * sens[e["path"]]  # ledger multiplier x sqrt(B) x sensitivity
             assert e["std"] == pytest.approx(std, rel=1e-9), (t, e)
             assert e["empirical"] == pytest.approx(std, rel=0.2), f"noise actually added at step {t}: {e}"

@@ -222,7 +222,7 @@ def test_votes_of_a_trained_official_ensemble_use_the_bins():
 
 
 def test_dct_basis_and_projection():
-    from dpgen.gpate.aggregate import dct_basis
+    from dpgen.nets.dct import dct_basis
 
     b = dct_basis((1, 8, 8), 10)
     torch.testing.assert_close(b.T @ b, torch.eye(10), atol=1e-5, rtol=0)

@@ -347,6 +347,7 @@ LATER_KEYS: dict[str, Any] = {
     "precision": "fp32",             # issue 24: runs before the option trained in torch's default precision ...
     "cudnn_benchmark": False,        # ... with cuDNN's default (no benchmark)
     "dpac.sanitize": "per_path",     # issue 26: dpac runs before the option sanitised D's and C's paths apart
+    "dpac.grad_basis": None,         # issue 26: ... and released every pixel of the image gradient
 }
 
 

@@ -7,6 +7,12 @@ generated batch whose *backward* replaces each sample's incoming gradient g_i = 
 2C is the per-sample sensitivity: changing one record changes D_k (and C), so g_i may move
 anywhere in the C-ball. Nothing else that depends on the data reaches G.
 
+With a ``basis`` U (d × L, orthonormal columns, public: ``dpac.grad_basis``, the L lowest 2-D DCT atoms; a
+research option, not in the papers) the sanitiser releases each row's L coefficients instead of its d pixels:
+``clip(Uᵀg_i, C) + N(0, (2·C·z)² I_L)``, mapped back to the image by U (post-processing). The sensitivity (2C
+per row) and the noise std are those of the pixel release, so the ledger is unchanged, but the noise lives in
+L instead of d dimensions (and G then learns only the part of D's gradient inside span(U)).
+
 Under ``precision=bf16`` the generated batch, hence g, may be bf16: the clipping, the noise and the release are
 computed in fp32 with autocast off (:mod:`dpgen.core.precision`), and only the released gradient is cast back
 to g's dtype for G's backward pass (autograd requires a hook to keep the dtype; rounding the noisy release
@@ -25,15 +31,18 @@ class Sanitizer:
     """Backward hook that clips and noises per-sample gradients w.r.t. the generated images.
 
     ``noise_multiplier`` z is per sample: noise std ``2·clip·z`` per coordinate. ``last_norms``
-    (pre-clip norms), ``last_clipped`` and ``last_release`` (what leaves the hook, before ÷B)
-    are kept for tests and logging. The noise comes from the secret ``generator``.
+    (pre-clip norms), ``last_clipped`` and ``last_release`` (what leaves the hook, before ÷B; the L
+    coefficients per row when a ``basis`` is given) are kept for tests and logging. The noise comes from the
+    secret ``generator``.
     """
 
-    def __init__(self, clip: float, noise_multiplier: float, generator: SecretGenerator) -> None:
+    def __init__(self, clip: float, noise_multiplier: float, generator: SecretGenerator,
+                 basis: torch.Tensor | None = None) -> None:
         if clip <= 0 or noise_multiplier < 0:
             raise ValueError(f"sanitizer needs clip > 0 and noise_multiplier >= 0, got {clip}, {noise_multiplier}")
         self.clip, self.noise_multiplier = float(clip), float(noise_multiplier)
         self.generator = require_secret(generator, f"{type(self).__name__} noise")
+        self.basis = basis
         self.last_norms: torch.Tensor | None = None
         self.last_clipped: torch.Tensor | None = None
         self.last_release: torch.Tensor | None = None
@@ -45,18 +54,23 @@ class Sanitizer:
 
     def sanitize(self, g: torch.Tensor) -> torch.Tensor:
         """Eq. (5) on every row of ``g`` [B, ...]: clip each row to ``clip``, add Gaussian noise; then ÷B.
+        With a ``basis``, on each row's coefficients Uᵀg_i, mapped back by U after the noise.
         In at least fp32; the result in g's dtype (see the module docstring)."""
-        dtype = g.dtype
+        dtype, shape = g.dtype, g.shape
         with full_precision():
             g = at_least_fp32(g)
-            self.last_norms = g.detach().flatten(1).norm(dim=1)
-            clipped = clip_rows(g, self.clip)
-            noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+            rows = g if self.basis is None else g.flatten(1) @ self.basis
+            self.last_norms = rows.detach().flatten(1).norm(dim=1)
+            clipped = clip_rows(rows, self.clip)
+            noise = gaussian_noise(rows.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                    mechanism="sanitizer noise")
+            release = clipped + noise
             self.last_clipped = clipped.detach()
-            self.last_release = (clipped + noise).detach()
+            self.last_release = release.detach()
             self.calls += 1
-            return ((clipped + noise) / g.shape[0]).to(dtype)
+            if self.basis is not None:
+                release = (release @ self.basis.T).view(shape)
+            return (release / shape[0]).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Identity in the forward pass; the backward pass of the returned tensor is sanitised."""

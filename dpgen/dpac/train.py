@@ -31,6 +31,7 @@ from dpgen.dpac.classifier import ORDERS, train_classifier
 from dpgen.dpac.ensemble import GeneratorStack, critic_step
 from dpgen.ensemble import NetStack, batched_forward
 from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.nets.dct import dct_basis
 from dpgen.nets.spectral import sn_init
 from dpgen.dpac.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
@@ -104,6 +105,16 @@ def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
         raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
     if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
         raise DpgenError(f"dpac/gswgan generate images up to 32x32; this dataset has shape {shape}")
+    basis, d = hp.get("grad_basis"), math.prod(shape)
+    if basis is not None and not 1 <= int(basis) <= d:
+        raise DpgenError(f"dpac.grad_basis={basis} must be between 1 and the image size {d} (or null)")
+
+
+def sanitizer_basis(hp: DictConfig, shape: list[int], device: torch.device) -> torch.Tensor | None:
+    """U for :class:`Sanitizer`: the ``grad_basis`` lowest 2-D DCT atoms of the image (public, data-independent),
+    or None (``grad_basis: null``, the papers: every pixel of the gradient is released)."""
+    n = hp.get("grad_basis")
+    return None if n is None else dct_basis(tuple(shape), int(n), device)
 
 
 def generator_lr(hp: DictConfig) -> float:
@@ -402,14 +413,16 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if note not in ledger.notes:  # a resumed ledger already carries them
             ledger.notes.append(note)
     base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
-    san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen)
-    san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen)
+    basis = sanitizer_basis(hp, shape, dev)
+    san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+    san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
     budget = IterationBudget(ledger, ENTRY, K, paper_cap)
-    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s sanitiser, %s accounting", K, B, T,
-             z_noise, zp, c_start, "joint" if joint else "per-path", ledger.accounting)
+    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s sanitiser on %s, %s accounting", K, B,
+             T, z_noise, zp, c_start, "joint" if joint else "per-path",
+             "every pixel" if basis is None else f"{basis.shape[1]} DCT coefficients", ledger.accounting)
 
     def snapshot() -> dict:
         return {**base.state_dict(), "noise_multiplier": z_noise}

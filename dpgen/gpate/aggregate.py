@@ -21,7 +21,7 @@ def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, devi
     """Alg. 2 line 3: one fresh d×k matrix per synthetic sample, drawn without data.
 
     ``basis`` None (the paper): entries N(0, 1/k).  ``basis`` (d, L) with orthonormal columns (research
-    option, :func:`dct_basis`): R = basis · W · √(d/L) with W (L, k) entries N(0, 1/k), i.e. a random
+    option, :func:`dpgen.nets.dct.dct_basis`): R = basis · W · √(d/L) with W (L, k) entries N(0, 1/k), i.e. a random
     projection restricted to span(basis), scaled so that E‖R_j‖² = d/k as in the paper's case (the clip
     constant c keeps its meaning).  With L = d it has the paper's distribution.
     """
@@ -30,34 +30,6 @@ def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, devi
     n_basis = basis.shape[1]
     w = torch.randn(m, n_basis, k, generator=generator, device=device) / math.sqrt(k)
     return torch.einsum("dl,mlk->mdk", basis, w) * math.sqrt(d / n_basis)
-
-
-def dct_basis(shape: tuple[int, ...], n_basis: int, device: torch.device | None = None) -> torch.Tensor:
-    """(d, L): the L lowest-frequency atoms of the orthonormal 2-D DCT-II of a (C, H, W) image, per channel.
-
-    Atoms are ordered by u+v (then max(u, v), u, channel): a fixed, data-independent basis.
-    """
-    c, h, w = shape
-    if not 1 <= n_basis <= c * h * w:
-        raise ValueError(f"n_basis must be in [1, {c * h * w}], got {n_basis}")
-
-    def dct_matrix(n: int) -> torch.Tensor:
-        x = torch.arange(n, dtype=torch.float64)
-        mat = torch.cos(math.pi * (2 * x[None, :] + 1) * x[:, None] / (2 * n)) * math.sqrt(2.0 / n)
-        mat[0] /= math.sqrt(2.0)
-        return mat  # rows are the orthonormal 1-D atoms
-
-    dh, dw = dct_matrix(h), dct_matrix(w)
-    freqs = sorted(((u, v) for u in range(h) for v in range(w)), key=lambda t: (t[0] + t[1], max(t), t[0]))
-    atoms = []
-    for u, v in freqs:
-        for ch in range(c):
-            a = torch.zeros(c, h, w, dtype=torch.float64)
-            a[ch] = torch.outer(dh[u], dw[v])
-            atoms.append(a.flatten())
-            if len(atoms) == n_basis:
-                return torch.stack(atoms, 1).to(device=device, dtype=torch.float32)
-    raise AssertionError("unreachable")
 
 
 def bin_index(u: torch.Tensor, c: float, bins: int) -> torch.Tensor:

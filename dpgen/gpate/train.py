@@ -15,7 +15,8 @@ from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
 from dpgen.errors import DpgenError
 from dpgen.gpate import rdp
-from dpgen.gpate.aggregate import dct_basis, dp_grad_agg
+from dpgen.gpate.aggregate import dp_grad_agg
+from dpgen.nets.dct import dct_basis
 from dpgen.gpate.ensemble import PartitionSampler, TeacherEnsemble, assign_teachers, balanced_chunk
 from dpgen.gpate.nets import (SAMPLE_STATS, TEACHER_NORMS, GPateGenerator, GPateTabularGenerator, TeacherCNN,
                               TeacherMLP, dcgan_init_, to_model_space)

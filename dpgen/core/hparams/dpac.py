@@ -2,10 +2,12 @@
 GS-WGAN part is :class:`EnsembleHparams` (efsgd builds on it too)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from dpgen.core.checks import CheckContext, check_batch_le_n, check_betas, check_max_image_size, nested, spec
+from dpgen.core.checks import (CheckContext, bad, check_batch_le_n, check_betas, check_max_image_size, nested,
+                               spec)
 from dpgen.errors import DpgenError
 
 
@@ -76,4 +78,12 @@ def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
 class DpacHparams(EnsembleHparams):
     beta: float = spec(ge=0.0, le=1.0)          # weight of D in G's loss (1: GS-WGAN)
     sanitize: str = spec(choices=("joint", "per_path"))  # Eq. 9 (one sanitiser) | the official code (one per path)
+    grad_basis: Optional[int] = spec(ge=1)      # sanitise the L lowest 2-D DCT coefficients (null: every pixel; not in the papers)
     classifier: ClassifierHparams = nested(ClassifierHparams)
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        EnsembleHparams.cross_check(node, key, ctx)
+        shape, basis = ctx.facts.shape, node.get("grad_basis")
+        if basis is not None and shape is not None and len(shape) == 3 and int(basis) > math.prod(shape):
+            raise bad(f"{key}.grad_basis", basis, f"at most the image size {math.prod(shape)} (or null)")
