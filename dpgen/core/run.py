@@ -204,3 +204,19 @@ class Run:
             self._pbar.close()
         if self._writer is not None:
             self._writer.close()
+
+
+class RecordingRun(Run):
+    """A Run for diagnostics (``python -m dpgen.<method>.diagnose``): keeps every step's scalars in ``rows`` (use
+    ``log_every=1``) and writes no checkpoint."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: list[dict[str, float]] = []
+
+    def step_done(self, step, scalars, state_fn) -> None:
+        self.rows.append({k: float(v) for k, v in scalars.items()})
+        super().step_done(step, scalars, state_fn)
+
+    def save_checkpoint(self, step, state) -> None:
+        pass  # a diagnostic run needs no checkpoint

@@ -24,22 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dpgen.core.run import Run, TrainingInterrupted
-
-
-class _Recorder(Run):
-    """A Run that keeps every step's scalars (log_every=1) and stops after ``stop_after`` steps."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.rows: list[dict[str, float]] = []
-
-    def step_done(self, step, scalars, state_fn) -> None:
-        self.rows.append({k: float(v) for k, v in scalars.items()})
-        super().step_done(step, scalars, state_fn)
-
-    def save_checkpoint(self, step, state) -> None:
-        pass  # a diagnostic run needs no checkpoint
+from dpgen.core.run import RecordingRun, TrainingInterrupted
 
 
 def measure(accounting: str, eps: float | str, dataset: str, groups: int, data_root: str, overrides: list[str],
@@ -66,7 +51,7 @@ def measure(accounting: str, eps: float | str, dataset: str, groups: int, data_r
     ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps), accounting=accounting)
     seed_everything(seed)
     with tempfile.TemporaryDirectory() as tmp:
-        run = _Recorder(Path(tmp), ledger, torch.device("cpu"), seed, {}, log_every=1, stop_after=t1 + groups,
+        run = RecordingRun(Path(tmp), ledger, torch.device("cpu"), seed, {}, log_every=1, stop_after=t1 + groups,
                         progress=False, tensorboard=False)
         try:
             train(hp, data, ledger, run)

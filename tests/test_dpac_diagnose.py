@@ -1,0 +1,65 @@
+"""The GS-WGAN probe behind README's "Why the GS-WGAN quick profile changed": its signal/noise is G's sanitised
+update measured in parameter space, so it must scale as 1/z, and the probe must not disturb the run it watches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny import TINY
+
+
+def test_parameter_space_snr_scales_as_one_over_z():
+    """Same G, D_k, batch and noise draw at z and 10z: the clipped signal is unchanged, the noise 10x."""
+    from functools import partial
+
+    from dpgen.dpac.diagnose import probe_step
+    from dpgen.dpac.nets import ResNetGenerator, disc_init
+    from dpgen.ensemble import NetStack
+    from dpgen.nets.dct import dct_basis
+    from dpgen.nets.spectral import sn_init
+
+    torch.manual_seed(0)
+    shape = [1, 28, 28]
+    g_net = ResNetGenerator(10, shape, 10, 8)
+    disc = NetStack(partial(disc_init, 10, shape, 4), sn_init, 2, torch.Generator().manual_seed(1), torch.device("cpu"))
+    bases = {16: dct_basis(tuple(shape), 16)}
+
+    def probe(z: float) -> dict[str, float]:
+        return probe_step(g_net, disc, None, torch.tensor([1]), 1e-4, z, 1.0, 8, 10, bases,
+                          torch.Generator().manual_seed(2))
+
+    low, high = probe(0.5), probe(5.0)
+    assert low["gnorm"] == high["gnorm"] > 1e-4, "setup: the clip must bind"
+    assert low["snr"] / high["snr"] == pytest.approx(10.0, rel=1e-4)
+    assert low["snr_L16"] / high["snr_L16"] == pytest.approx(10.0, rel=1e-4)
+    assert 0 < low["kept_L16"] < 1
+
+
+def test_measure_probes_every_iteration_of_a_real_run(tmp_path, one_torch_thread):
+    from dpgen.dpac.diagnose import measure
+
+    rows = measure("gswgan", 10, 3, str(tmp_path / "data"), TINY["gswgan"], dataset="digits", bases=(16,))
+    assert len(rows) == 3 and set(rows[0]) == {"gnorm", "snr", "snr_L16", "kept_L16"}
+    assert all(0 < r["snr"] < float("inf") for r in rows)
+
+
+def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread, monkeypatch):
+    import importlib
+
+    from tiny import train_in_memory
+
+    tr = importlib.import_module("dpgen.dpac.train")
+    from dpgen.dpac.diagnose import probe_step
+
+    over = [*TINY["gswgan"], "dpac.noise_multiplier=1"]
+    plain, _, _ = train_in_memory("gswgan", tmp_path / "a", *over, noise_seed=4)
+    original, gen = tr.generator_step, torch.Generator().manual_seed(0)
+
+    def probed(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g):
+        probe_step(g_net, disc, clf, k, san_d.clip, san_d.noise_multiplier, beta, b, ncls, {}, gen)
+        return original(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g)
+
+    monkeypatch.setattr(tr, "generator_step", probed)
+    watched, _, _ = train_in_memory("gswgan", tmp_path / "b", *over, noise_seed=4)
+    for (n, a), b in zip(plain.state_dict().items(), watched.state_dict().values()):
+        assert torch.equal(a, b), n
