@@ -147,18 +147,22 @@ def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
     return gen, ledger
 
 
-def test_ledger_entries_match_the_releases(tmp_path, monkeypatch):
+def spy_sanitizers(monkeypatch) -> list:
+    """Every Sanitizer that dpgen.dpac.train builds from now on, in order of construction."""
     tr = importlib.import_module("dpgen.dpac.train")  # the package attribute `train` is the function
-
     made = []
-    orig = tr.Sanitizer
 
-    class Spy(orig):
+    class Spy(tr.Sanitizer):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             made.append(self)
 
     monkeypatch.setattr(tr, "Sanitizer", Spy)
+    return made
+
+
+def test_ledger_entries_match_the_releases(tmp_path, monkeypatch):
+    made = spy_sanitizers(monkeypatch)
     gen, ledger = run_tiny(tmp_path)
     san_d, san_c = made
     assert (san_d.calls, san_c.calls) == (4, 2), "D path every iteration, C path from t_c=2"
@@ -179,16 +183,7 @@ def test_ledger_entries_match_the_releases(tmp_path, monkeypatch):
 def test_joint_sanitiser_releases_one_path_and_the_ledger_charges_one(tmp_path, monkeypatch):
     """dpac.sanitize=joint (Eq. 9): one sanitiser, called once per iteration also once C is on; one Gaussian per
     iteration in the ledger, so z is calibrated for one path (smaller than per_path's at the same ε)."""
-    tr = importlib.import_module("dpgen.dpac.train")
-    made = []
-    orig = tr.Sanitizer
-
-    class Spy(orig):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(self)
-
-    monkeypatch.setattr(tr, "Sanitizer", Spy)
+    made = spy_sanitizers(monkeypatch)
     _, ledger = run_tiny(tmp_path / "joint", sanitize="joint")
     (san,) = made
     assert san.calls == 4, "one release per iteration, C's path included"
