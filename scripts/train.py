@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a DP generator: ``python scripts/train.py method=<m> dataset=<d> eps=<ε> [key=value ...]``.
 
-See README for the run-directory contract. Exit codes: 0 ok, 2 user error (one line on
+See docs/usage.md for the run-directory contract. Exit codes: 0 ok, 2 user error (one line on
 stderr, nothing overwritten), 3 interrupted by ``debug.stop_after``.
 """
 from __future__ import annotations

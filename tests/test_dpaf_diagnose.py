@@ -1,4 +1,4 @@
-"""The README's explanation of the paper variant, measured: with Algorithm 1's batch-coupled losses each
+"""docs/methods.md's explanation of the paper variant, measured: with Algorithm 1's batch-coupled losses each
 per-sample gradient of conv2* is a fraction ≈ 1/B of the sound variant's, and its signal/noise collapses."""
 from __future__ import annotations
 

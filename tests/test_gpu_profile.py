@@ -1,4 +1,4 @@
-"""bench/gpu_profile.py's CPU smoke test (``--tiny``): the table README quotes is produced end to end."""
+"""bench/gpu_profile.py's CPU smoke test (``--tiny``): the table docs/performance.md quotes is produced end to end."""
 from __future__ import annotations
 
 import importlib.util

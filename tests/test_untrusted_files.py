@@ -1,7 +1,7 @@
 """Files dpgen reads back are untrusted (shared run directories): generator.pt, checkpoints/last.pt,
 .hydra/config.yaml on resume=, privacy.json and the evaluator cache. A crafted file must never run code,
 import anything but dpgen's registered classes, write anything or allocate without bound: it gets one
-``error: ...`` line and exit code 2 (README "Sharing and loading generators")."""
+``error: ...`` line and exit code 2 (docs/privacy.md, "Sharing and loading generators")."""
 from __future__ import annotations
 
 import functools

@@ -4,7 +4,7 @@
 arguments and its weights. Anything trained without DP (discriminators, teachers, error
 states, encoders) never enters it; :func:`save_generator` refuses modules that are not a
 registered :class:`ReleasedGenerator`. :func:`load_generator` treats the file as untrusted input
-(README "Sharing and loading generators").
+(docs/privacy.md, "Sharing and loading generators").
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def save_generator(module: ReleasedGenerator, path: str | os.PathLike, meta: dic
 def load_generator(path: str | os.PathLike, device: str | torch.device = "cpu") -> ReleasedGenerator:
     """Rebuild a generator from ``generator.pt`` alone; the file is untrusted (it may come from anyone).
 
-    Safe by construction (README "Sharing and loading generators"): the file is read with
+    Safe by construction (docs/privacy.md, "Sharing and loading generators"): the file is read with
     ``torch.load(weights_only=True)`` (plain containers and tensors, no pickled code); its class must be one of
     :data:`dpgen.core.methods.RELEASED_GENERATORS`; its constructor arguments must bind to that class's
     signature with values of the annotated plain types; the network is first built on the meta device under

@@ -11,7 +11,7 @@ report, evaluation) is the pipeline's job.
 
 Config files and ``generator.pt`` name code by string (``method.module``, the generator's class).
 Both are looked up here and nothing else is ever imported: a crafted config or generator file can
-only pick one of these entries (README "Sharing and loading generators").
+only pick one of these entries (docs/privacy.md, "Sharing and loading generators").
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 class MethodInfo:
     """``module``: the package with ``train()``; ``hparams``: the config block its hyperparameters live in
     (schema: :data:`dpgen.core.schema.HPARAM_SCHEMAS`); ``multi_process``: its ``train`` splits its work over the
-    ranks of ``run.dist`` (``torchrun``, README "Several GPUs"); the others run in one process."""
+    ranks of ``run.dist`` (``torchrun``, docs/clusters.md); the others run in one process."""
 
     module: str
     hparams: str

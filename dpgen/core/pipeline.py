@@ -1,6 +1,6 @@
 """One training job end to end: validate → data → ledger → method → release → evaluate.
 
-Writes the run-directory contract (README "Run outputs"): generator.pt, samples.png,
+Writes the run-directory contract (docs/usage.md, "Run outputs"): generator.pt, samples.png,
 privacy.json, metrics.json and checkpoints/last.pt next to Hydra's .hydra/ and train.log.
 """
 from __future__ import annotations

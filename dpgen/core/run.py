@@ -136,7 +136,7 @@ class Run:
     def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
         """Atomically write ``checkpoints/last.pt`` with the method state, ledger and RNG states.
 
-        The checkpoint holds the secret root and the non-private ensemble states: it is private (README
+        The checkpoint holds the secret root and the non-private ensemble states: it is private (docs/privacy.md,
         "Threat model"). Rank 0 writes it; every rank's streams and state are the same."""
         if not self.dist.main:
             return

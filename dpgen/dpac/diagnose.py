@@ -1,5 +1,5 @@
-"""Per-step signal and noise of the GS-WGAN/DPAC generator update (README, Results: "Why the GS-WGAN quick profile
-changed").
+"""Per-step signal and noise of the GS-WGAN/DPAC generator update (docs/results.md, "What limits the
+GS-WGAN family").
 
 ``python -m dpgen.dpac.diagnose --eps 10 --steps 200 [--bases 49 196] [-- key=value ...]`` runs the real
 ``train()`` (method ``--method``, profile=quick, extra Hydra overrides after ``--``) for ``--steps`` generator

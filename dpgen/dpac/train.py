@@ -159,7 +159,7 @@ class Partitions:
     The records of partition k are ``record_owners(x, K, seed)``'s (a keyed hash of each record's bytes with the
     PUBLIC seed): the GS-WGAN/PATE arguments need the parts disjoint and each record's part independent of the
     other records, not secret; what they need secret is which partition an iteration draws and the noise
-    (README "Threat model").
+    (docs/privacy.md, "Partitions are public").
     """
 
     def __init__(self, parts: list, device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""Per-step signal and noise of DPAF's DP-SGD steps, paper vs sound variant (README, dpaf "not DP as published").
+"""Per-step signal and noise of DPAF's DP-SGD steps, paper vs sound variant (docs/methods.md, dpaf).
 
 ``python -m dpgen.dpaf.diagnose --dataset fmnist --eps 10 --groups 20`` runs the real ``train()`` (profile=quick
 config, any extra ``key=value`` Hydra overrides after ``--``) for phase 1 and the first ``--groups`` groups of

@@ -67,7 +67,7 @@ class DpafNet(nn.Module):
     """conv1 → conv2(*) → SIN → [AGG] → conv3(*) → FC → FC (Fig. 4).
 
     ``num_classes_in > 0`` makes it the conditional D: one-hot label maps are concatenated to the input of
-    conv2* (cDCGAN feeds labels to the 2nd layer; here to the first layer after the frozen conv1, see README).
+    conv2* (cDCGAN feeds labels to the 2nd layer; here to the first layer after the frozen conv1, see docs/methods.md).
     ``out_dim`` is K for C (class proportions) and 1 for D.
     """
 

@@ -1,7 +1,7 @@
 """Per-record gradients with torch.func (vmap of grad over a functional call of the module).
 
 The alternative backend to opacus' GradSampleModule hooks. bench/dpsgd_overhead.py measures both side
-by side; methods pick the faster one per network (README, Performance).
+by side; methods pick the faster one per network (docs/performance.md).
 """
 from __future__ import annotations
 

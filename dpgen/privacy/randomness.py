@@ -13,7 +13,7 @@ handed, so a public stream routed to a mechanism is an error at its first draw, 
 Sec. 5.1, against the floating-point attack of Mironov 2012 / Jin et al. 2021, arXiv 2112.05307). What
 neither setting defends against: torch's generators (mt19937 on the CPU, Philox on CUDA) are not
 cryptographic PRNGs; an attacker who sees enough raw draws of one stream could in principle recover its
-state. dpgen never releases raw draws, only noisy sums of them (README "Threat model").
+state. dpgen never releases raw draws, only noisy sums of them (docs/privacy.md, "Threat model").
 """
 from __future__ import annotations
 
