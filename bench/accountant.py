@@ -12,8 +12,7 @@ import argparse
 import logging
 import time
 
-from dpgen.privacy import LedgerEntry, calibrate_noise_multiplier
-from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy import LedgerEntry, calibrate_noise_multiplier, compute_epsilon
 
 
 def main() -> None:

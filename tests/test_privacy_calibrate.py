@@ -7,8 +7,7 @@ import time
 import pytest
 
 from dpgen.errors import DpgenError
-from dpgen.privacy import LedgerEntry, calibrate_noise_multiplier, calibrate_steps
-from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy import LedgerEntry, calibrate_noise_multiplier, calibrate_steps, compute_epsilon
 
 Q = 256 / 60000
 STEPS = 14063  # 60 epochs

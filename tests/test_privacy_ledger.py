@@ -1,4 +1,5 @@
-"""Tests for dpgen.privacy.ledger: accounting oracles, merging, persistence, budget guard.
+"""Tests for the privacy ledger and the layers under it (events, accountants, budget guard): accounting
+oracles, merging, persistence, import paths.
 
 Oracle values come from /work/shared/reference/accounting.md Sec. 4 (published
 numbers, or numbers reproduced there with dp-accounting 0.6.0 / opacus 1.6.0).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import dp_accounting
 import pytest
@@ -334,7 +336,7 @@ def test_paper_mode_reports_paper_number_but_keeps_sound_bound():
 
 
 def compute_classic(entries, delta):
-    from dpgen.privacy.ledger import compute_epsilon
+    from dpgen.privacy import compute_epsilon
 
     return compute_epsilon(entries, delta, conversion="classic")
 
@@ -422,3 +424,33 @@ def test_from_json_recomputes_the_same_epsilon():
     rebuilt = PrivacyLedger.from_json(ledger.to_json())
     assert rebuilt.entries == ledger.entries
     assert rebuilt.epsilon() == ledger.epsilon() > 0
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "fixtures" / "runs").rglob("privacy.json")),
+                         ids=lambda p: "/".join(p.parts[-5:-1]))
+def test_stored_privacy_json_files_load_and_recompute_their_sound_epsilon(path):
+    stored = json.loads(path.read_text())  # written by earlier dpgen versions (before secret_randomness, too)
+    rebuilt = PrivacyLedger.from_json(stored)
+    assert rebuilt.epsilon() == stored["sound_epsilon"]  # exactly: same entries, same accountant
+    again = rebuilt.to_json()
+    assert {k: again[k] for k in stored if k != "epsilon"} == {k: v for k, v in stored.items() if k != "epsilon"}
+
+
+def test_the_public_names_keep_their_import_paths():
+    """One object per name, importable from dpgen.privacy, its own module and (as before the privacy layer
+    was split into modules) dpgen.privacy.ledger."""
+    import dpgen.privacy as privacy
+    from dpgen.privacy import accountants, budget, calibrate, events, ledger, validation
+
+    homes = {"LedgerEntry": events, "EventBuilder": events, "compute_epsilon": accountants, "BudgetGuard": budget,
+             "PrivacyLedger": ledger, "PRIVACY_OFF_NOTE": ledger, "FIXED_NOISE_SEED_NOTE": ledger,
+             "check_delta": validation, "check_epsilon": validation, "parse_epsilon": validation,
+             "calibrate_noise_multiplier": calibrate, "calibrate_steps": calibrate}
+    assert set(ledger.__all__) <= set(homes)
+    for name, home in homes.items():
+        obj = getattr(home, name)
+        assert name in home.__all__
+        if name in ledger.__all__:
+            assert getattr(ledger, name) is obj, name
+        if name != "FIXED_NOISE_SEED_NOTE":
+            assert getattr(privacy, name) is obj and name in privacy.__all__, name

@@ -10,8 +10,7 @@ import torch
 
 from dpgen.errors import DpgenError
 from dpgen.privacy import (PRIVACY_OFF_NOTE, LedgerEntry, PrivacyLedger, calibrate_noise_multiplier,
-                           calibrate_steps, gaussian_sum_query, parse_epsilon)
-from dpgen.privacy.ledger import compute_epsilon
+                           calibrate_steps, compute_epsilon, gaussian_sum_query, parse_epsilon)
 from dpgen.privacy.randomness import secret_generator
 
 from tiny import METHODS, train_in_memory

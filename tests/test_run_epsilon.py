@@ -12,8 +12,7 @@ import math
 import pytest
 
 from dpgen.core.run import progress_epsilon
-from dpgen.privacy import PrivacyLedger
-from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy import PrivacyLedger, compute_epsilon
 
 from conftest import in_memory_run
 
@@ -29,13 +28,13 @@ def _ledger(accountant: str, steps: int = 3000) -> PrivacyLedger:
 @pytest.fixture
 def no_pld(monkeypatch):
     """Any use of the PLD accountant fails the test."""
-    import dpgen.privacy.ledger as ledger_mod
+    import dpgen.privacy.accountants.pld as pld_mod
 
     class Forbidden:
         def __init__(self, *a, **k):
             raise AssertionError("the PLD accountant was called")
 
-    monkeypatch.setattr(ledger_mod.dp_pld, "PLDAccountant", Forbidden)
+    monkeypatch.setattr(pld_mod.dp_pld, "PLDAccountant", Forbidden)
 
 
 def test_rdp_ledger_shows_its_exact_epsilon():
@@ -85,7 +84,7 @@ def test_log_steps_of_a_pld_run_never_call_pld(tmp_path, no_pld, caplog):
 
 
 def test_the_final_log_line_and_budget_guard_keep_the_exact_pld_epsilon(tmp_path, caplog, monkeypatch):
-    import dpgen.privacy.calibrate as calibrate
+    import dpgen.privacy.budget as budget
 
     asked = []
 
@@ -93,7 +92,7 @@ def test_the_final_log_line_and_budget_guard_keep_the_exact_pld_epsilon(tmp_path
         asked.append(accountant)
         return 1234
 
-    monkeypatch.setattr(calibrate, "calibrate_steps", spy)
+    monkeypatch.setattr(budget, "calibrate_steps", spy)
     ledger = PrivacyLedger(1e-5, target_epsilon=10.0, accountant="pld")
     ledger.record("release", [5.0], count=50)  # unsampled: PLD composes it in closed form, fast
     guard = ledger.budget_guard("release", [5.0])

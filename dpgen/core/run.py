@@ -26,8 +26,7 @@ from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.streams import RandomStreams, fixed_root
 from dpgen.io import atomic_save
 from dpgen.errors import DpgenError
-from dpgen.privacy import PrivacyLedger
-from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy import PrivacyLedger, compute_epsilon
 from dpgen.privacy.randomness import SecretGenerator
 
 log = logging.getLogger("dpgen")

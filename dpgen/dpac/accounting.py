@@ -25,7 +25,7 @@ import numpy as np
 from dp_accounting import rdp as dp_rdp
 
 from dpgen.privacy import LedgerEntry
-from dpgen.privacy.ledger import _rdp_curve
+from dpgen.privacy.accountants.rdp import rdp_curve
 
 ENTRY = "dpac.generator"
 
@@ -48,7 +48,7 @@ def iteration_entries(z: float, k: int, batch: int, iters: int, c_start: int | N
 def _wor_unit_curve(z: float, k: int) -> tuple[np.ndarray, np.ndarray]:
     acct = dp_rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     acct.compose(dp_accounting.SampledWithoutReplacementDpEvent(k, 1, dp_accounting.GaussianDpEvent(z)))
-    return _rdp_curve(acct)
+    return rdp_curve(acct)
 
 
 def gswgan_paper_epsilon(z: float, k: int, compositions: int, delta: float) -> float:

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpgen.errors import DpgenError
-from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
-from dpgen.privacy.ledger import compute_epsilon
+from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier, compute_epsilon
 
 CONV1, GROUP = "dpaf.conv1", "dpaf.conv2+dpagg"
 PAPER_NOTES = [

@@ -1,12 +1,15 @@
 """Calibrate a noise multiplier or a number of steps to a target (epsilon, delta).
 
 Both searches treat the accountant as a black box (dp_accounting's RDP or
-PLD accountant via :func:`dpgen.privacy.ledger.compute_epsilon`), keep an
+PLD accountant via :func:`dpgen.privacy.accountants.compute_epsilon`), keep an
 invariant "the returned side satisfies epsilon <= target", and so always return
 the conservative answer, like opacus' ``get_noise_multiplier`` (which returns
 the upper end of its bisection bracket).  Unlike opacus they compose any list
 of entries, including earlier releases (``base``), as DP-FETA's vendored
 ``account_history`` does.
+
+Calibration sits on top of the mechanism events and the composition backends and below the budget guard
+(:mod:`dpgen.privacy.budget`, which counts down the steps :func:`calibrate_steps` allows) and the ledger.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import math
 from typing import Callable, Sequence
 
 from dpgen.errors import DpgenError
-from dpgen.privacy.ledger import LedgerEntry, _check_ledger_delta, check_epsilon, compute_epsilon
+from dpgen.privacy.accountants import compute_epsilon
+from dpgen.privacy.events import LedgerEntry
+from dpgen.privacy.validation import as_delta, check_epsilon
 
 __all__ = ["calibrate_noise_multiplier", "calibrate_steps"]
 
@@ -47,7 +52,7 @@ def calibrate_noise_multiplier(
     reference) returns 0: no noise.
     """
     check_epsilon(target_epsilon, allow_inf=True)
-    delta = _check_ledger_delta(delta)
+    delta = as_delta(delta)
     target = float(target_epsilon)
     if target == math.inf:
         return 0.0
@@ -118,7 +123,7 @@ def calibrate_steps(
     ``target_epsilon=inf`` returns ``max_steps``.
     """
     check_epsilon(target_epsilon, allow_inf=True)
-    delta = _check_ledger_delta(delta)
+    delta = as_delta(delta)
     target = float(target_epsilon)
     if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 0:
         raise DpgenError(f"max_steps must be a non-negative integer, got {max_steps!r}")

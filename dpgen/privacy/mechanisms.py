@@ -16,7 +16,8 @@ from typing import Union
 import torch
 
 from dpgen.core.precision import at_least_fp32, full_precision
-from dpgen.privacy.ledger import EventBuilder, PrivacyLedger
+from dpgen.privacy.events import EventBuilder
+from dpgen.privacy.ledger import PrivacyLedger
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 __all__ = ["clip_rows", "gaussian_sum_query"]

@@ -60,7 +60,7 @@ class EnsembleHparams:
 def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
     """``classifier.reinit=false`` carries earlier partitions into C: refused under sound accounting (before any
     run directory exists; dpgen.dpac.train.check_classifier_reuse repeats it at training time)."""
-    from dpgen.privacy.ledger import parse_epsilon
+    from dpgen.privacy.validation import parse_epsilon
 
     clf = node.get("classifier")
     if clf is None or not bool(clf.enabled) or bool(clf.reinit) or ctx.cfg.privacy.accounting != "sound":
