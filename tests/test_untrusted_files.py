@@ -17,8 +17,9 @@ from omegaconf import OmegaConf
 from conftest import run_script
 from inprocess import call, files_in, one_error
 
-from dpgen.core.generator import MAX_GENERATOR_ELEMENTS, ReleasedGenerator, load_generator, save_generator
-from dpgen.core.methods import RELEASED_GENERATORS, released_generator_class
+from dpgen.core.generator import (MAX_GENERATOR_ELEMENTS, ReleasedGenerator, load_generator, released_generator_class,
+                                  save_generator)
+from dpgen.core.methods import RELEASED_GENERATORS
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator
 

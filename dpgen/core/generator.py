@@ -4,10 +4,12 @@
 arguments and its weights. Anything trained without DP (discriminators, teachers, error
 states, encoders) never enters it; :func:`save_generator` refuses modules that are not a
 registered :class:`ReleasedGenerator`. :func:`load_generator` treats the file as untrusted input
-(docs/privacy.md, "Sharing and loading generators").
+(docs/privacy.md, "Sharing and loading generators"): the class it names must be in the registry
+:data:`dpgen.core.methods.RELEASED_GENERATORS`, and :func:`released_generator_class` imports nothing else.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 from contextlib import contextmanager
@@ -17,6 +19,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from dpgen.core.methods import RELEASED_GENERATORS
+from dpgen.core.untrusted import check_kwargs, check_plain, check_state_dict
 from dpgen.errors import DpgenError
 from dpgen.io import atomic_save
 
@@ -83,10 +87,24 @@ def _class_path(obj: object) -> str:
     return f"{type(obj).__module__}:{type(obj).__qualname__}"
 
 
+def released_generator_class(path: str) -> type:
+    """The registered released-generator class named ``module:qualname``; nothing else is imported.
+
+    The class is checked to be a :class:`ReleasedGenerator` before anyone calls it.
+    """
+    if not isinstance(path, str) or path not in RELEASED_GENERATORS:
+        shown = path if isinstance(path, str) else type(path).__name__
+        raise DpgenError(f"class {shown[:80]!r} is not a released dpgen generator "
+                         "(dpgen.core.methods.RELEASED_GENERATORS lists them)")
+    module_name, qualname = path.split(":")
+    cls = getattr(importlib.import_module(module_name), qualname, None)
+    if not (isinstance(cls, type) and issubclass(cls, ReleasedGenerator)):
+        raise DpgenError(f"registry entry {path} is not a ReleasedGenerator subclass")  # a registry bug
+    return cls
+
+
 def save_generator(module: ReleasedGenerator, path: str | os.PathLike, meta: dict | None = None) -> None:
     """Write the released generator atomically (temp file + rename); its class must be registered."""
-    from dpgen.core.methods import RELEASED_GENERATORS
-
     if not isinstance(module, ReleasedGenerator):
         raise TypeError("only a ReleasedGenerator may be released")
     if _class_path(module) not in RELEASED_GENERATORS:  # else load_generator would refuse the file
@@ -147,9 +165,6 @@ _PAYLOAD_KEYS = {"format", "class", "kwargs", "state_dict", "meta"}
 
 
 def _rebuild(payload: Any) -> ReleasedGenerator:
-    from dpgen.core.methods import released_generator_class
-    from dpgen.core.untrusted import check_plain, check_state_dict, check_kwargs
-
     if not isinstance(payload, dict) or not {"format", "class", "kwargs", "state_dict"} <= set(payload) \
             or not set(payload) <= _PAYLOAD_KEYS:
         keys = sorted(map(str, payload)) if isinstance(payload, dict) else type(payload).__name__

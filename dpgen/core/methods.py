@@ -10,8 +10,10 @@ the device, seeded RNG, progress/logging and checkpoints. Everything else (outpu
 report, evaluation) is the pipeline's job.
 
 Config files and ``generator.pt`` name code by string (``method.module``, the generator's class).
-Both are looked up here and nothing else is ever imported: a crafted config or generator file can
-only pick one of these entries (docs/privacy.md, "Sharing and loading generators").
+Both are looked up in these registries and nothing else is ever imported: a crafted config or generator
+file can only pick one of these entries (docs/privacy.md, "Sharing and loading generators"). :func:`load_method`
+imports a method; :func:`dpgen.core.generator.released_generator_class` imports a released class (it lives
+with the other code that reads ``generator.pt``, which imports this module, never the reverse).
 """
 from __future__ import annotations
 
@@ -80,21 +82,3 @@ def load_method(name: str) -> ModuleType:
     if not callable(getattr(mod, "train", None)):
         raise DpgenError(f"method module {mod.__name__} has no train(hp, data, ledger, run) function")
     return mod
-
-
-def released_generator_class(path: str) -> type:
-    """The registered released-generator class named ``module:qualname``; nothing else is imported.
-
-    The class is checked to be a :class:`~dpgen.core.generator.ReleasedGenerator` before anyone calls it.
-    """
-    from dpgen.core.generator import ReleasedGenerator
-
-    if not isinstance(path, str) or path not in RELEASED_GENERATORS:
-        shown = path if isinstance(path, str) else type(path).__name__
-        raise DpgenError(f"class {shown[:80]!r} is not a released dpgen generator "
-                         "(dpgen.core.methods.RELEASED_GENERATORS lists them)")
-    module_name, qualname = path.split(":")
-    cls = getattr(importlib.import_module(module_name), qualname, None)
-    if not (isinstance(cls, type) and issubclass(cls, ReleasedGenerator)):
-        raise DpgenError(f"registry entry {path} is not a ReleasedGenerator subclass")  # a registry bug
-    return cls
