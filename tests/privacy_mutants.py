@@ -45,6 +45,8 @@ FETA_WIRING = "tests/test_feta_wiring.py"
 DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
 SECRET = "tests/test_secret_randomness.py"
 PRECISION = "tests/test_precision.py"
+LEDGER = "tests/test_privacy_ledger.py"
+CALIBRATE = "tests/test_privacy_calibrate.py"
 
 MUTANTS: list[Mutant] = [
     # -- dpgan -------------------------------------------------------------------------------------------
@@ -380,6 +382,26 @@ MUTANTS: list[Mutant] = [
            "\n    idx = parts.sample((members + 1) % k, b, g)\n",
            ("tests/test_dpac_isolation.py::test_one_record_changes_only_its_own_partitions_states[gswgan_refresh]",),
            "refresh_chunk: D_j's extra critic step reads partition j+1"),
+    # -- the accounting stack (dpgen/privacy: events, accountants, calibrate, budget) ---------------------------
+    Mutant("privacy.sigma_eff_least_noisy", "dpgen/privacy/events.py",
+           "        return math.fsum(z ** -2 for z in self.noise_multipliers) ** -0.5",
+           "        return max(self.noise_multipliers)",
+           (LEDGER + "::test_two_gaussians_on_one_batch_vs_pitfall", LEDGER + "::test_sampled_event_groups_releases"),
+           "releases on one batch accounted as the least noisy one alone (sigma_eff too large)"),
+    Mutant("privacy.rdp_count_ignored", "dpgen/privacy/accountants/rdp.py",
+           "        total += e.count * r", "        total += r",
+           (LEDGER + "::test_opacus_rdp_oracle",), "an entry's self-composition count left out of the RDP sum"),
+    Mutant("privacy.calibrate_liberal_end", "dpgen/privacy/calibrate.py",
+           "            lo = mid\n    return hi", "            lo = mid\n    return lo",
+           (CALIBRATE + "::test_calibration_oracle_mnist_rdp", CALIBRATE + "::test_calibration_tolerance_and_bounds"),
+           "calibration returns the bracket end whose epsilon exceeds the target"),
+    Mutant("privacy.guard_ignores_foreign_records", "dpgen/privacy/budget.py",
+           "        if self.ledger._version != self._seen_version:", "        if False:",
+           (LEDGER + "::test_budget_guard_recomputes_after_foreign_records",),
+           "the budget guard keeps its step bound after other releases spent budget"),
+    Mutant("privacy.guard_step_unrecorded", "dpgen/privacy/budget.py",
+           "        self.ledger._append(LedgerEntry(**self.entry.to_dict()))", "        pass",
+           (LEDGER + "::test_budget_guard_stops_exactly_at_target",), "a guarded step is not recorded in the ledger"),
     # -- secret randomness (issue 23): a mechanism on a public stream, or secret streams a replay can reproduce ---
     Mutant("secret.dpgan_noise_public", "dpgen/dpgan/train.py",
            'g_sample, g_noise, g_fake = run.secret_rng("sample"), run.secret_rng("noise"), run.rng("fake")',
