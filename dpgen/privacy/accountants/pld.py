@@ -2,8 +2,9 @@
 
 :class:`dp_accounting.pld.PLDAccountant` (Meiser & Mohammadi 2018; Koskela et al. 2020) composes the
 entries' events by discretised convolution of their privacy loss distributions and reads epsilon at
-delta off the result: tighter than RDP for long compositions, and slower (seconds per query where RDP
-takes a millisecond), like the PRV accountant opacus offers beside its RDP one.
+delta off the result: tighter than RDP, and slower (about a second per query for a long sampled
+composition, where RDP with cached curves takes well under a millisecond), like the PRV accountant
+(Gopi, Lee & Wutschitz 2021) opacus offers beside its RDP one.
 
 Callers go through :func:`dpgen.privacy.accountants.compute_epsilon`, which validates the arguments.
 """
