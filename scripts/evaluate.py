@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Recompute a run's metrics.json from its generator.pt and saved config.
 
-    python scripts/evaluate.py run=<run dir> [eval.<key>=<value> ...] [device=auto] [data_root=...]
+    python scripts/evaluate.py run=<run dir> [eval=default|full|paper] [eval.<key>=<value> ...] [device=auto] [data_root=...]
+
+``eval=<name>`` replaces the run's evaluation settings by ``configs/eval/<name>.yaml`` (e.g. ``eval=full`` after a
+run evaluated with the light default); ``eval.<key>=<value>`` then overrides single keys.
 
 The previous metrics.json is kept as metrics.<time>.json, never lost.
 """
@@ -16,18 +19,25 @@ from omegaconf import OmegaConf
 from dpgen.cli import user_errors
 from dpgen.io import atomic_write_json
 from dpgen.core.config import register_configs
+from dpgen.core.methods import CONFIG_DIR, available
 from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import evaluate_generator, resolve_device
 from dpgen.core.schema import check_config, explain_config_error, load_run_config
 from dpgen.data import load_dataset
+from dpgen.errors import DpgenError
 from dpgen.scripts_util import parse_kv
 
 
 def main(argv: list[str]) -> None:
-    args = parse_kv(argv, required=("run",), optional={"device": None, "data_root": None}, allow_extra_prefix="eval.")
+    args = parse_kv(argv, required=("run",), optional={"device": None, "data_root": None, "eval": None},
+                    allow_extra_prefix="eval.")
     run_dir = Path(args["run"])
     register_configs()
     cfg = load_run_config(run_dir)  # the saved config, typed and checked (it may come from anyone)
+    if args["eval"] is not None:
+        if args["eval"] not in available("eval"):
+            raise DpgenError(f"eval={args['eval']!r} is not an evaluation; choose one of {', '.join(available('eval'))}")
+        cfg = OmegaConf.merge(cfg, {"eval": OmegaConf.load(CONFIG_DIR / "eval" / f"{args['eval']}.yaml")})
     overrides = {k: v for k, v in args.items() if k.startswith("eval.")}
     overrides.update({k: args[k] for k in ("device", "data_root") if args[k] is not None})
     try:

@@ -76,9 +76,9 @@ def main(cfg: DictConfig) -> None:
             shutil.rmtree(run_dir, ignore_errors=True)
     if rank > 0:
         return
-    g2r = metrics.get("g2r", {}).get("cnn", {}).get("accuracy")
-    print(f"run directory: {run_dir}")
-    print(f"epsilon spent: see {run_dir / 'privacy.json'}; g2r CNN accuracy: {g2r}")
+    from dpgen.core.summary import run_summary
+
+    print(run_summary(run_dir, metrics))
 
 
 def check_args(argv: list[str]) -> None:

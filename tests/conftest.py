@@ -54,4 +54,5 @@ def trained_run(tmp_path_factory) -> Path:
     run_dir = cwd / "run"
     res = run_script("train.py", *TINY, f"hydra.run.dir={run_dir}", cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
+    (cwd / "stdout.txt").write_text(res.stdout)  # the closing summary (tests/test_cli.py)
     return run_dir

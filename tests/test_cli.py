@@ -6,6 +6,7 @@ usage line); the other scripts and the checks before Hydra run in-process (tests
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -41,6 +42,43 @@ def test_run_directory_contract(trained_run):
     assert abs(g2r["accuracy"] * n_test - round(g2r["accuracy"] * n_test)) < 1e-6, "accuracy = correct / test size"
     assert metrics["fid"] is None and metrics["fid_reason"]
     assert "train.log" in names and "step 12" in (trained_run / "train.log").read_text()
+
+
+def test_the_run_ends_with_a_summary_of_what_it_spent_reached_and_wrote(trained_run):
+    """The last lines train.py prints: ε spent of the target with δ, both g2r readings (3 decimals), time, the files,
+    and three next commands that name this run."""
+    out = (trained_run.parent / "stdout.txt").read_text()
+    privacy = json.loads((trained_run / "privacy.json").read_text())
+    g2r = json.loads((trained_run / "metrics.json").read_text())["g2r"]["cnn"]
+    assert f"privacy: epsilon {privacy['epsilon']:.3f} spent of 10, delta 1e-05, sound accounting: a valid DP" in out
+    assert f"g2r CNN: {g2r['accuracy']:.3f} selected" in out and f"/ {g2r['fixed']['accuracy']:.3f} fixed" in out
+    assert g2r["fixed"]["one_training"] is True  # the default evaluation: both readings from one training
+    assert "training, " in out and f"files: {trained_run}/ (generator.pt, samples.png, privacy.json" in out
+    nxt = out[out.index("next:"):].splitlines()[1:]
+    assert len(nxt) == 3 and f"scripts/sample.py run={trained_run}" in nxt[0] and "eval=full" in nxt[1]
+
+
+def test_summary_says_when_a_run_is_not_private(tmp_path):
+    from dpgen.core.summary import privacy_line
+
+    off = privacy_line({"epsilon": None, "target_epsilon": float("inf"), "delta": 1e-5})
+    assert "NOT private" in off
+    paper = privacy_line({"epsilon": 9.99, "target_epsilon": 10.0, "delta": 1e-5, "accounting": "paper",
+                          "valid_dp_guarantee": False, "sound_epsilon": 366.1})
+    assert "NOT a valid DP guarantee" in paper and "sound epsilon 366.100" in paper
+
+
+def test_evaluate_takes_a_whole_evaluation_by_name(trained_run, tmp_path, capsys):
+    code, _, err = call(capsys, "evaluate", f"run={trained_run}", "eval=nosuch")
+    assert "eval='nosuch' is not an evaluation; choose one of default, full, paper" in one_error(code, err)
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    code, _, err = call(capsys, "evaluate", f"run={copy}", "eval=full", "eval.num_samples=100", "eval.epochs=1",
+                        "eval.fid=false", "eval.inception_score=false", *NO_REAL_CLASSIFIER)
+    assert code == 0, err
+    g2r = json.loads((copy / "metrics.json").read_text())["g2r"]
+    assert set(g2r) == {"cnn", "mlp"} and "one_training" not in g2r["cnn"]["fixed"]  # eval=full: trained apart
+    assert g2r["cnn"]["fixed"]["num_train"] == 100
 
 
 def test_samples_grid_has_one_row_per_class(trained_run):
@@ -147,7 +185,6 @@ def test_the_headline_usage_line_reaches_the_data_step(tmp_path):
 
 
 def test_corrupt_checkpoint_is_rejected_and_left_untouched(trained_run, tmp_path, capsys, monkeypatch):
-    import shutil
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
@@ -165,7 +202,6 @@ def test_corrupt_checkpoint_is_rejected_and_left_untouched(trained_run, tmp_path
 def test_a_run_from_before_secret_randomness_is_not_resumed(trained_run, tmp_path, capsys, monkeypatch):
     """A checkpoint whose noise streams came from the public seed (before issue 23) and its config without the new
     privacy keys: refused in one line, nothing written (the run it would continue has no DP guarantee)."""
-    import shutil
 
     import torch
 

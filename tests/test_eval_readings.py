@@ -56,6 +56,30 @@ def test_the_fixed_reading_can_be_switched_off(toy_data):
     assert "fixed" not in res["g2r"]["mlp"] and "selection_gap" not in res["g2r"]["mlp"]
 
 
+def test_one_training_gives_both_readings_of_the_two_trainings_selection_run(toy_data, one_torch_thread):
+    """eval.one_training: the selected reading is exactly the separate protocol's (same split, seed and epochs: the
+    same training), and the fixed reading is that training's last epoch; on samples a classifier memorises
+    (30 % flipped labels) the last epoch falls below the selected one, as the separately trained fixed reading does."""
+    x, y = _toy(400, 0.3, 3)
+    cfg = {**READINGS_CFG, "epochs": 60}
+    apart = evaluate(x, y, toy_data, cfg, seed=0)["g2r"]["mlp"]
+    one = evaluate(x, y, toy_data, {**cfg, "one_training": True}, seed=0)["g2r"]["mlp"]
+    assert one["accuracy"] == apart["accuracy"] and one["selected_epoch"] == apart["selected_epoch"]
+    assert one["fixed"]["one_training"] and one["fixed"]["epochs"] == 60 and one["fixed"]["num_train"] == 200
+    assert one["selection_gap"] > 0.1 and apart["selection_gap"] > 0.1, (one, apart)
+    assert one["fixed"]["accuracy"] != apart["fixed"]["accuracy"]  # 200 of the samples, not all 400
+
+
+def test_one_training_refuses_early_stopping():
+    from dpgen.errors import DpgenError
+    from dpgen.eval.config import resolve_config
+
+    with pytest.raises(DpgenError, match="eval.patience=5 is invalid; expected null with eval.one_training"):
+        resolve_config({"one_training": True, "patience": 5})
+    with pytest.raises(DpgenError, match="eval.fixed_epochs=3 is invalid"):
+        resolve_config({"one_training": True, "patience": None, "fixed_epochs": 3, "epochs": 10})
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_the_reloaded_generator_samples_what_the_trained_one_does(tmp_path, method):
     from dpgen.core.generator import balanced_labels, load_generator, save_generator

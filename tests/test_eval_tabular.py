@@ -53,3 +53,11 @@ def test_tabular_shuffled_labels_is_chance(table) -> None:
     assert res["g2r"]["mlp"]["accuracy"] < 0.55
     assert res["r2g"]["accuracy"] < 0.55
     assert res["real_accuracy"] is None and "disabled" in res["real_accuracy_reason"]
+
+
+def test_the_cnn_only_default_reads_the_mlp_on_tabular_data(table) -> None:
+    """configs/eval/default.yaml evaluates with the CNN alone; on tabular data that is the MLP (as r2g falls back)."""
+    x, y = _blobs(600, 2)
+    res = evaluate(x, y, table, dict(CFG, classifiers=["cnn"], patience=None, one_training=True, r2g=False))
+    assert set(res["g2r"]) == {"mlp"} and res["g2r"]["mlp"]["accuracy"] > 0.85
+    assert res["g2r"]["mlp"]["fixed"]["one_training"] and set(res["real_accuracy"]) == {"mlp"}

@@ -146,8 +146,8 @@ def test_two_submitit_tasks_run_one_job_that_releases_what_one_process_does(tmp_
     assert len(lines) == len(set(lines)), "no line twice (rank 1 logs to its own stdout)"
     (job,) = (sweep / ".submitit").glob("[0-9]*")  # the controller's pid names the job
     rank1 = (job / f"{job.name}_1_log.out").read_text()
-    assert "this one holds 2-4" in rank1 and "run directory:" not in rank1, rank1[-2000:]
-    assert "run directory:" in (job / f"{job.name}_0_log.out").read_text()
+    assert "this one holds 2-4" in rank1 and "files: " not in rank1, rank1[-2000:]
+    assert "files: " in (job / f"{job.name}_0_log.out").read_text()
 
     # the same ledger and, bit for bit, the same generator as one process
     from dpgen.core.generator import load_generator

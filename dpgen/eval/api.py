@@ -21,7 +21,7 @@ from dpgen.eval import cache as _cache
 from dpgen.eval.classifiers import cnn_unavailable_reason
 from dpgen.eval.cnn_fid import cnn_fid
 from dpgen.eval.config import EvalConfig, resolve_config
-from dpgen.eval.g2r import g2r_accuracy, g2r_fixed_accuracy, r2g_accuracy, real_classifier
+from dpgen.eval.g2r import g2r_accuracy, g2r_fixed_accuracy, g2r_one_training, r2g_accuracy, real_classifier
 from dpgen.eval.inception import inception_metrics
 from dpgen.eval import train_classifier as tc
 
@@ -83,16 +83,22 @@ def evaluate(
 
     # --- g2r: train on synthetic, select on a synthetic hold-out, test once on real test ---
     t0 = time.perf_counter()
-    for kind in c.classifiers:
+    kinds = c.classifiers
+    if cnn_reason and kinds == ("cnn",):  # a CNN-only evaluation of tabular data reads the MLP, as r2g does
+        kinds = ("mlp",)
+    for kind in kinds:
         reason = test_reason or (cnn_reason if kind == "cnn" else None)
         if reason:
             res["g2r"][kind] = {"accuracy": None, "reason": reason}
             continue
         say(f"eval: g2r {kind} on {len(x_syn)} synthetic samples")
-        entry = res["g2r"][kind] = g2r_accuracy(kind, x_syn, y_syn, data, c, device, seed)
+        shared = c.fixed_reading and c.one_training
+        g2r = g2r_one_training if shared else g2r_accuracy
+        entry = res["g2r"][kind] = g2r(kind, x_syn, y_syn, data, c, device, seed)
         say(f"eval: g2r {kind} accuracy {entry['accuracy']:.4f} (epoch {entry['selected_epoch']})")
         if c.fixed_reading:
-            entry["fixed"] = g2r_fixed_accuracy(kind, x_syn, y_syn, data, c, device, seed)
+            if not shared:
+                entry["fixed"] = g2r_fixed_accuracy(kind, x_syn, y_syn, data, c, device, seed)
             entry["selection_gap"] = entry["accuracy"] - entry["fixed"]["accuracy"]
             say(f"eval: g2r {kind} fixed-schedule accuracy {entry['fixed']['accuracy']:.4f} (last of "
                 f"{entry['fixed']['epochs']} epochs, no selection; selection gap {entry['selection_gap']:+.4f})")
@@ -102,7 +108,7 @@ def evaluate(
     r2g_kind = "mlp" if (c.r2g_classifier == "cnn" and cnn_reason) else c.r2g_classifier
     needed: list[str] = []
     if c.real_baseline:
-        needed += [k for k in c.classifiers if not (k == "cnn" and cnn_reason)]
+        needed += [k for k in kinds if not (k == "cnn" and cnn_reason)]
     if c.r2g:
         needed.append(r2g_kind)
     if c.cnn_fid and not cnn_reason:
@@ -123,7 +129,7 @@ def evaluate(
     else:
         res["real_accuracy"] = {
             k: tc.accuracy(real_models[k], data.test.x, data.test.y, device, c.eval_batch_size)
-            for k in c.classifiers if k in real_models
+            for k in kinds if k in real_models
         }
 
     if c.r2g:

@@ -29,6 +29,7 @@ class EvalConfig:
     patience: int | None = 5
     fixed_reading: bool = True  # also train on ALL samples for fixed_epochs epochs and report the last epoch
     fixed_epochs: int | None = None  # null: the same as epochs
+    one_training: bool = False  # both readings from one training (train split, all epochs): best and last epoch
     mlp_hidden: tuple[int, ...] = (512, 256)
     r2g: bool = True
     r2g_classifier: str = "cnn"
@@ -116,6 +117,13 @@ def resolve_config(cfg: Mapping | EvalConfig | None) -> EvalConfig:
     vf = vals["val_fraction"]
     if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= vf < 1.0:
         raise _fail("val_fraction", vf, "a number in [0, 1)")
+    if vals["one_training"] is True:
+        if vals["patience"] is not None:
+            raise _fail("patience", vals["patience"], "null with eval.one_training: true (the fixed reading is the "
+                        "last of all epochs)")
+        if vals["fixed_epochs"] not in (None, vals["epochs"]):
+            raise _fail("fixed_epochs", vals["fixed_epochs"], "null with eval.one_training: true (one training, "
+                        "eval.epochs long)")
     weights = vals["inception_weights"]
     if weights is not None and not isinstance(weights, str):
         weights = str(weights)
@@ -130,6 +138,7 @@ def resolve_config(cfg: Mapping | EvalConfig | None) -> EvalConfig:
         patience=_as_int("patience", vals["patience"], 1, allow_none=True),
         fixed_reading=_as_bool("fixed_reading", vals["fixed_reading"]),
         fixed_epochs=_as_int("fixed_epochs", vals["fixed_epochs"], 1, allow_none=True),
+        one_training=_as_bool("one_training", vals["one_training"]),
         mlp_hidden=mlp_hidden,  # type: ignore[arg-type]
         r2g=_as_bool("r2g", vals["r2g"]),
         r2g_classifier=str(vals["r2g_classifier"]),

@@ -99,6 +99,7 @@ def fit(
     cfg: Mapping | EvalConfig,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    last: nn.Module | None = None,
 ) -> tuple[nn.Module, dict]:
     """Train ``model`` with Adam on (x_train, y_train); keep the epoch with the best accuracy on
     (x_val, y_val), stopping after ``cfg.patience`` epochs without improvement.
@@ -106,6 +107,8 @@ def fit(
     With an empty validation split the last epoch is kept.  Uses ``cfg.epochs``, ``cfg.batch_size``,
     ``cfg.lr``, ``cfg.patience``.  Returns the model (best weights loaded, eval mode) and an info dict
     ``{selected_epoch, val_accuracy, epochs_run, train_loss, num_train, num_val, seconds}``.
+    ``last`` (a module of the same architecture) receives the weights of the LAST epoch run, so one
+    training gives both the selected and the unselected reading (``eval.one_training``).
     The global torch RNG is left untouched; shuffling and dropout are seeded by ``seed``.
     """
     c = resolve_config(cfg)
@@ -150,6 +153,9 @@ def fit(
                 since_best += 1
                 if c.patience is not None and since_best >= c.patience:
                     break
+    if last is not None:
+        last.load_state_dict(model.state_dict())
+        last.to(device).eval()
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
