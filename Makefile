@@ -18,11 +18,15 @@ install: $(STAMP)
 demo: install
 	$(BIN)/python scripts/train.py
 
+# One pytest worker per core, one torch thread per worker (tests/conftest.py); modules stay whole on a worker so
+# their module-scoped trained runs are built once. The slowest tests are listed at the end.
+TEST_ARGS ?= -n auto --dist loadscope --durations=15
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_ARGS)
 
 test-slow: install
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow $(TEST_ARGS)
 
 # The privacy-mutation gate (tests/privacy_mutants.py): every curated mutant of a privacy-critical line
 # must be killed by the tests. Outside `make test` (minutes, not seconds).

@@ -12,6 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # No test downloads anything (dpgen.eval.inception's eval.inception_download); CLI subprocesses inherit it.
 os.environ["DPGEN_OFFLINE"] = "1"
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``make test``: ``-n auto``) workers x torch threads must not exceed the cores: each worker
+    and every subprocess it starts gets cores // workers threads (OMP_NUM_THREADS is inherited)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 0:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
 # Small enough for CI, big enough to exercise every stage (training, checkpoint, release, eval).
 TINY = [
     "dpgan.iters=12", "dpgan.batch_size=64", "dpgan.g_width=8", "dpgan.d_width=8",
@@ -47,12 +62,33 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def shared_dir(tmp_path_factory, name: str, build) -> Path:
+    """A directory built once per test session and shared by every pytest-xdist worker (``build(path)`` fills it,
+    under a file lock; the workers' temporary roots share one parent). For fixtures whose tests only READ what was
+    built: a test that changes it works on a copy."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / f"shared-{name}"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not (path / ".built").exists():
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            build(path)
+            (path / ".built").touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
-    """One finished tiny default run (digits, dpgan), shared by the output-contract tests."""
-    cwd = tmp_path_factory.mktemp("cli")
-    run_dir = cwd / "run"
-    res = run_script("train.py", *TINY, f"hydra.run.dir={run_dir}", cwd=cwd)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (cwd / "stdout.txt").write_text(res.stdout)  # the closing summary (tests/test_cli.py)
-    return run_dir
+    """One finished tiny default run (digits, dpgen), built once for the whole session (all workers) and shared by
+    the output-contract tests, which only read it (``stdout.txt`` beside it: what train.py printed)."""
+    def build(cwd: Path) -> None:
+        res = run_script("train.py", *TINY, f"hydra.run.dir={cwd / 'run'}", cwd=cwd)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (cwd / "stdout.txt").write_text(res.stdout)
+
+    return shared_dir(tmp_path_factory, "trained_run", build) / "run"

@@ -118,21 +118,23 @@ def test_evaluate_reproduces_the_pipelines_numbers_and_collect_summarises(traine
     """evaluate.py rebuilds everything from generator.pt and the saved config alone: with the run's own eval
     settings it must give the pipeline's numbers (same seeds, the real-data classifier from the cache)."""
     monkeypatch.setenv("DPGEN_DATA", str(trained_run.parent / "data"))  # the run's data_root: its eval cache
-    before = json.loads((trained_run / "metrics.json").read_text())
-    code, _, err = call(capsys, "evaluate", f"run={trained_run}")
+    run = tmp_path / "runs" / "run"  # evaluate.py rewrites metrics.json: a copy of the shared run
+    shutil.copytree(trained_run, run)
+    before = json.loads((run / "metrics.json").read_text())
+    code, _, err = call(capsys, "evaluate", f"run={run}")
     assert code == 0, err
-    kept = list(trained_run.glob("metrics.*.json"))
+    kept = list(run.glob("metrics.*.json"))
     assert kept and json.loads(kept[0].read_text()) == before, "the previous metrics.json must be kept"
-    again = json.loads((trained_run / "metrics.json").read_text())
+    again = json.loads((run / "metrics.json").read_text())
     assert again["real_classifiers"]["cnn"]["cached"] is True
     # same synthetic samples and classifier training: the same loss and (up to one test image) accuracy
     assert again["g2r"]["cnn"]["train_loss"] == pytest.approx(before["g2r"]["cnn"]["train_loss"], rel=1e-4)
     assert again["g2r"]["cnn"]["accuracy"] == pytest.approx(before["g2r"]["cnn"]["accuracy"], abs=1.01 / 360)
     assert again["r2g"]["accuracy"] == pytest.approx(before["r2g"]["accuracy"], abs=1e-9)
     assert again["real_accuracy"] == before["real_accuracy"]
-    code, _, err = call(capsys, "evaluate", f"run={trained_run}", "eval.num_samples=-5")
+    code, _, err = call(capsys, "evaluate", f"run={run}", "eval.num_samples=-5")
     assert "eval.num_samples=-5 is invalid" in one_error(code, err)
-    code, _, err = call(capsys, "collect", str(trained_run.parent), f"out={tmp_path / 'report'}")
+    code, _, err = call(capsys, "collect", str(run.parent), f"out={tmp_path / 'report'}")
     assert code == 0, err
     md = (tmp_path / "report" / "results.md").read_text()
     assert "| dpgan | digits | 10 |" in md
