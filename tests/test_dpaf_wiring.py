@@ -74,8 +74,8 @@ class Spies:
                                            msg="sound conv2* must train on per-sample losses through D̂")
             return out
 
-        def dpagg(feats, sensitivity, noise_multiplier, scale, generator=None):
-            out = orig_dpagg(feats, sensitivity, noise_multiplier, scale, generator)
+        def dpagg(feats, sensitivity, noise_multiplier, scale, generator=None, canaries=None, part=0):
+            out = orig_dpagg(feats, sensitivity, noise_multiplier, scale, generator, canaries, part)
             noise = out * scale - feats.sum(0, keepdim=True)
             spies.aggs.append({"rows": len(feats), "sens": sensitivity, "z": noise_multiplier, "scale": scale,
                                "noise_std": noise.std().item(), "feat_norm": feats.flatten(1).norm(dim=1).max().item()

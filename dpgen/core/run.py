@@ -91,6 +91,9 @@ class Run:
         #: training statistics a method wants in metrics.json (under "training"); must be
         #: computed from released/DP quantities or be clearly diagnostic, like the evaluator's
         self.extra_metrics: dict[str, Any] = {}
+        #: the canaries of an audit run (:class:`dpgen.audit.Canaries`, set by the pipeline when the config has an
+        #: ``audit`` block); None in every other run, and then no mechanism computes anything for them
+        self.audit: Any = None
         # the secret root: OS entropy, or fixed by privacy.noise_seed (then the run has no DP guarantee); rank 0's
         # on every rank, sent over the process group
         root = dist.broadcast(secrets.token_hex(32) if noise_seed is None else fixed_root(noise_seed))

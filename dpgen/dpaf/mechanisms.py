@@ -2,28 +2,43 @@
 and the asymmetric schedule of Fig. 7."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.privacy.optimizer import DPSGDOptimizer
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
+if TYPE_CHECKING:
+    from dpgen.audit.hooks import FeatureCanaries
+
 
 def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scale: float,
-          generator: SecretGenerator) -> torch.Tensor:
+          generator: SecretGenerator, canaries: FeatureCanaries | None = None, part: int = 0) -> torch.Tensor:
     """DPAGG: ``(Σ_i feats[i] + N(0, (z·√m·p)² I)) / scale`` (Sec. IV-B, Eq. 4; Theorem 6).
 
     ``feats`` are SIN-normalized, so each row has ℓ2 norm ≤ ``sensitivity`` = √m·p and adding or removing
     one sample moves the sum by at most that much. Dividing by a data-independent ``scale`` (the expected
     batch size) is post-processing. The caller records the release in the ledger. The noise comes from the
     secret ``generator``. The sum and the noise are fp32 at least (:mod:`dpgen.core.precision`).
+
+    ``canaries`` (an audit run, :class:`~dpgen.audit.hooks.FeatureCanaries`): sub-batch ``part``'s canary rows
+    are summed on reserved coordinates after the flattened features, noised with them, and their release goes
+    back to the audit; the features' aggregate is returned as without them.
     """
     require_secret(generator, "DPAGG")
     with full_precision():
         total = at_least_fp32(feats).sum(dim=0, keepdim=True)
+        if canaries is not None:
+            total = torch.cat([total.flatten(1), canaries.rows(part).sum(0, keepdim=True).to(total.dtype)], 1)
         noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
                                dtype=total.dtype, mechanism="DPAGG")
-        return (total + noise) / scale
+        released = (total + noise) / scale
+    if canaries is None:
+        return released
+    canaries.observe(released[0, -canaries.m:] * scale)
+    return released[:, :-canaries.m].reshape(1, *feats.shape[1:])
 
 
 def compress_top(per_sample: torch.Tensor, keep: float, generator: torch.Generator | None = None,
@@ -67,7 +82,7 @@ class CompressedDPOptimizer(DPSGDOptimizer):
         self.keep = float(keep)
         self.track = False
         self.stats: dict[str, torch.Tensor] = {}
-        self.dim = sum(p.numel() for p in self.params)
+        self.dim = sum(p.numel() for p in self.model_params)
 
     def clip_and_accumulate(self) -> None:
         gs = self.grad_samples
@@ -78,12 +93,14 @@ class CompressedDPOptimizer(DPSGDOptimizer):
             for p, g in zip(self.params, gs):
                 p.grad_sample = flat[:, off:off + g[0].numel()].reshape(g.shape).to(g.dtype)
                 off += g[0].numel()
-        if self.track and len(gs[0]) > 0:
-            norms = torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in self.grad_samples], 1).norm(dim=1)
+        # the model's rows only: an audit's canary rows and coordinates stay out of the diagnostics
+        rows = [self._get_flat_grad_sample(p)[:self.real_rows] for p in self.model_params] if self.track else []
+        if rows and len(rows[0]) > 0:
+            norms = torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in rows], 1).norm(dim=1)
             self.stats["grad_norm_median"] = norms.median()
         super().clip_and_accumulate()
         if self.track:
-            self.stats["signal"] = torch.stack([p.summed_grad.norm() for p in self.params]).norm()
+            self.stats["signal"] = torch.stack([p.summed_grad.norm() for p in self.model_params]).norm()
 
     def empty_step(self) -> None:
         """The release of an empty Poisson batch: the clipped sum is 0, the output pure noise. Skipping the

@@ -10,11 +10,12 @@ from omegaconf import DictConfig
 from opacus import GradSampleModule
 from torch import nn
 
+from dpgen.audit.hooks import DpsgdCanaries, FeatureCanaries
 from dpgen.core.checkpoint import set_rng_state
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_float
-from dpgen.dpaf.accounting import Budget, parse_noise_multipliers, parse_split
+from dpgen.dpaf.accounting import CONV1, Budget, parse_noise_multipliers, parse_split
 from dpgen.dpaf.mechanisms import CompressedDPOptimizer, dpagg, schedule, split_group
 from dpgen.dpaf.nets import DpafNet, resolve_layers
 from dpgen.errors import DpgenError
@@ -40,11 +41,11 @@ def _check(hp: DictConfig, data: ImageDataset) -> None:
             raise DpgenError(f"dpaf.{key}={hp[key]} must be between 1 and N={n}")
 
 
-def _dp_opt(params, hp: DictConfig, lr: float, sigma: float, clip: float, batch: float,
-            gen: torch.Generator) -> CompressedDPOptimizer:
+def _dp_opt(params, hp: DictConfig, lr: float, sigma: float, clip: float, batch: float, gen: torch.Generator,
+            canaries: DpsgdCanaries | None = None) -> CompressedDPOptimizer:
     return CompressedDPOptimizer(torch.optim.Adam(params, lr=lr, betas=tuple(hp.betas)), noise_multiplier=sigma,
                                  max_grad_norm=clip, expected_batch_size=max(1, int(round(batch))),
-                                 loss_reduction="sum", generator=gen, keep=float(hp.gc_keep))
+                                 loss_reduction="sum", generator=gen, keep=float(hp.gc_keep), canaries=canaries)
 
 
 def c_loss(c_net: DpafNet, x: torch.Tensor, y: torch.Tensor, k: int, batch: int, paper: bool, eps: float) -> torch.Tensor:
@@ -114,7 +115,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         # paper: only conv1 by DP-SGD, conv2/conv3/FC by plain SGD (line 4); sound: all of C by DP-SGD.
         dp_part = c_net if not paper else c_net.conv1
         gsm_c = GradSampleModule(dp_part, loss_reduction="sum")  # noqa: F841 (keeps the per-sample hooks alive)
-        opt_c = _dp_opt(dp_part.parameters(), hp, float(hp.lr_c), z1, float(hp.clip_c), bc, g_noise)
+        # an audit run's canaries: Poisson-sampled like the records, clipped and noised with them (dpgen.audit)
+        c_canaries = DpsgdCanaries.poisson(run.audit, CONV1, float(hp.clip_c), z1, q1) if run.audit else None
+        opt_c = _dp_opt(dp_part.parameters(), hp, float(hp.lr_c), z1, float(hp.clip_c), bc, g_noise, c_canaries)
         plain = [p for m in (c_net.conv2, c_net.head) for p in m.parameters()] if paper else []
         opt_plain = torch.optim.Adam(plain, lr=float(hp.lr_c), betas=tuple(hp.betas)) if plain else None
         if state:
@@ -168,7 +171,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     gsm.disable_hooks()
     g_net = CondGenerator(k, shape, z_dim=int(hp.z_dim), width=int(hp.g_width)).to(dev)
     z3, z2 = (float(state["z3"]), float(state["z2"])) if state else budget.group_sigmas()
-    opt_d2 = _dp_opt(dp_block.parameters(), hp, float(hp.lr_d), z2, float(hp.clip_d), mu * bsz, g_noise)
+    # an audit run's canaries: sampled with the group (rate rho), one feature row in one of its mu DPAGG sums and
+    # one per-sample gradient in its conv2* step, both before their bounds (dpgen.audit)
+    agg_canaries = (FeatureCanaries(run.audit, "dpaf.dpagg", d_net.sensitivity, z3, budget.rho, mu)
+                    if run.audit else None)
+    d2_canaries = (DpsgdCanaries(run.audit, "dpaf.conv2", float(hp.clip_d), z2, lambda: agg_canaries.group)
+                   if run.audit else None)
+    opt_d2 = _dp_opt(dp_block.parameters(), hp, float(hp.lr_d), z2, float(hp.clip_d), mu * bsz, g_noise, d2_canaries)
     opt_head = torch.optim.Adam(d_net.head.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas))
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
     if state:
@@ -204,8 +213,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         g = step - t1
         idx = sample_d(g)
         subs = split_group(idx, mu, g_split)
+        if agg_canaries is not None:
+            agg_canaries.start_group(split_group)
         with torch.no_grad():  # the μ DPAGG releases of this group (conv1/conv2* are fixed within it)
-            real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg) for s in subs]
+            real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg, agg_canaries, j)
+                         for j, s in enumerate(subs)]
         fakes = []  # the fake halves of the group's μ batches, which conv2*'s step reuses (Alg. 1 line 9)
         for j in range(mu):
             # L_BCE on D with DPAGG: conv3* and FC* by SGD (post-processing of DPAGG), line 10/13

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from opacus import GradSampleModule
 
+from dpgen.audit.hooks import DpsgdCanaries
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
@@ -86,9 +87,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     state = run.resume_state["state"] if run.resume_state else None
     sigma = float(state["sigma"]) if state else plan_noise(hp, ledger, q, d_steps)
+    # an audit run's canaries: Poisson-sampled like the records, clipped and noised with them (dpgen.audit)
+    canaries = DpsgdCanaries.poisson(run.audit, ENTRY, float(hp.clip), sigma, q) if run.audit else None
     opt_d = DPSGDOptimizer(torch.optim.Adam(d_net.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas)),
                            noise_multiplier=sigma, max_grad_norm=float(hp.clip), expected_batch_size=batch,
-                           loss_reduction="sum", generator=g_noise)
+                           loss_reduction="sum", generator=g_noise, canaries=canaries)
     if state:
         g_net.load_state_dict(state["g"])
         d_net._module.load_state_dict(state["d"])

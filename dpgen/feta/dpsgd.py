@@ -17,7 +17,7 @@ stream) once to the same total: the noise is added once, as opacus' DistributedD
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from opacus import GradSampleModule
@@ -27,6 +27,9 @@ from dpgen.core.precision import full_precision
 from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.per_sample import per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
+
+if TYPE_CHECKING:
+    from dpgen.audit.hooks import DpsgdCanaries
 
 
 def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -109,6 +112,16 @@ def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: f
         factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
         for a, g in zip(acc, per_record):
             a.add_(torch.einsum("i,i...->...", factor, g))
+
+
+def canary_sum(canaries: "DpsgdCanaries", clip: float) -> torch.Tensor:
+    """An audit run's step (:mod:`dpgen.audit`): the sampled canaries' per-record gradients on their reserved
+    coordinates, clipped by :func:`add_clipped` exactly as the records' are (a canary's gradient is zero on the
+    model, so its norm over all parameters is its norm there) and summed; the caller adds the coordinates to
+    the parameters :func:`set_noisy_grads` noises."""
+    acc = torch.zeros_like(canaries.coordinates.detach())
+    add_clipped([acc], [canaries.rows()], clip)
+    return acc
 
 
 def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,

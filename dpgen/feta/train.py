@@ -11,13 +11,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from opacus import GradSampleModule
 
+from dpgen.audit.hooks import DpsgdCanaries
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import query_central
-from dpgen.feta.dpsgd import clipped_grad_sum, clipped_grad_sum_func, set_noisy_grads
+from dpgen.feta.dpsgd import canary_sum, clipped_grad_sum, clipped_grad_sum_func, set_noisy_grads
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -147,6 +148,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     backend = str(hp.get("grad_backend", "torch_func"))  # torchrun: torch_func (checked with the config)
     gsm = GradSampleModule(model.net, loss_reduction="sum") if backend == "opacus" else None
     params = [p for p in model.net.parameters() if p.requires_grad]
+    # an audit run's canaries: Poisson-sampled like the records, clipped and noised with them (dpgen.audit)
+    canaries = DpsgdCanaries.poisson(run.audit, ENTRY, float(hp.clip), sigma, q, scale=q * n) if run.audit else None
+    if canaries is not None:
+        params.append(canaries.coordinates)  # noised with the model's parameters
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("feta: DP-SGD q=%.5f sigma=%.4f clip=%g K=%d, %d steps allowed (planned %d)", q, sigma, hp.clip,
              int(hp.multiplicity), guard.remaining, int(hp.iters))
@@ -167,7 +172,11 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         else:
             sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip),
                                           int(hp.micro_batch))
+        if canaries is not None:
+            sums.append(canary_sum(canaries, float(hp.clip)))
         set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])
+        if canaries is not None:
+            canaries.observe_release()
         opt.step()
         opt.zero_grad(set_to_none=True)
         guard.step()

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
+
+if TYPE_CHECKING:
+    from dpgen.audit.hooks import VoteCanaries
 
 
 def projection_matrices(m: int, d: int, k: int, generator: torch.Generator, device: torch.device,
@@ -76,47 +79,62 @@ class GNMaxResult:
 
     answered: torch.Tensor  # (Q,) bool: passed the noisy threshold check
     winner: torch.Tensor  # (Q,) long: noisy argmax (meaningful where answered)
+    reserved: torch.Tensor | None = None  # (Q, R): an audit's noisy reserved bins (``reserved`` R > 0)
 
 
 def confident_gnmax(counts: torch.Tensor, threshold: float | None, sigma1: float, sigma2: float,
-                    generator: SecretGenerator) -> GNMaxResult:
+                    generator: SecretGenerator, reserved: int = 0) -> GNMaxResult:
     """Confident-GNMax (Papernot et al. 2018, Alg. 1), one query per row of ``counts`` (Q, B).
 
     Answer iff max_i n_i + N(0, σ1²) ≥ T; then release argmax_i n_i + N(0, σ2²).  The argmax
     noise is drawn for every query (unanswered ones included) so RNG use is data-independent.
     ``threshold`` None: no threshold check (plain GNMax, every query answered, σ1 unused). Both noises come
     from the secret ``generator``.
+
+    ``reserved`` R > 0 (an audit run, :mod:`dpgen.audit`): the last R columns of ``counts`` are the canaries'
+    reserved bins. They get the argmax noise with the real bins (the same draw) and are returned noisy, but
+    take no part in the threshold check or the argmax, which see the B − R real bins only.
     """
     require_secret(generator, "Confident-GNMax")
     counts = counts.to(torch.float32)
     q = counts.shape[0]
+    real = counts[:, :counts.shape[1] - int(reserved)]
     if threshold is None:
         answered = torch.ones(q, dtype=torch.bool, device=counts.device)
     else:
-        noisy_max = counts.max(dim=1).values + gaussian_noise((q,), sigma1, generator, device=counts.device,
-                                                              mechanism="Confident-GNMax threshold")
+        noisy_max = real.max(dim=1).values + gaussian_noise((q,), sigma1, generator, device=counts.device,
+                                                            mechanism="Confident-GNMax threshold")
         answered = noisy_max >= threshold
     noisy = counts + gaussian_noise(counts.shape, sigma2, generator, device=counts.device, mechanism="GNMax argmax")
-    return GNMaxResult(answered=answered, winner=noisy.argmax(dim=1))
+    winner = noisy[:, :real.shape[1]].argmax(dim=1)
+    return GNMaxResult(answered=answered, winner=winner, reserved=noisy[:, real.shape[1]:] if reserved else None)
 
 
 def dp_grad_agg(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], shape: tuple[int, ...], c: float, bins: int,
                 k: int, sigma1: float, sigma2: float, threshold: float | None, proj_gen: torch.Generator,
                 noise_gen: SecretGenerator, m: int, device: torch.device,
                 basis: torch.Tensor | None = None,
-                reduce: Callable[[list[torch.Tensor]], None] | None = None) -> tuple[torch.Tensor, dict]:
+                reduce: Callable[[list[torch.Tensor]], None] | None = None,
+                canaries: VoteCanaries | None = None) -> tuple[torch.Tensor, dict]:
     """Alg. 2: the private aggregate Δx_priv (m, *shape) of the teachers' gradients for m samples.
 
     Returns Δx_priv and side information (NOT released, all device tensors): the vote counts and
     answer mask the data-dependent analysis needs, the teachers' agreement rate on the top bin
     and the answer rate. ``reduce``: see :func:`vote_histogram`; every rank then holds the same counts and draws
     the same noise from the run's shared secret stream, so the noise enters once and all ranks take one step.
+    ``canaries`` (an audit run): their teachers' votes join every query's histogram in reserved bins
+    (:class:`~dpgen.audit.hooks.VoteCanaries`), whose noisy values go back to the audit.
     """
     d = int(math.prod(shape))
     proj = projection_matrices(m, d, k, proj_gen, device, basis)
     hist = vote_histogram(grad_chunks, proj, c, bins, reduce)  # (m, k, B)
     counts = hist.reshape(m * k, bins)
-    res = confident_gnmax(counts, threshold, sigma1, sigma2, noise_gen)
+    if canaries is None:
+        res = confident_gnmax(counts, threshold, sigma1, sigma2, noise_gen)
+    else:
+        votes = torch.cat([counts.to(torch.float32), canaries.votes(m * k)], dim=1)
+        res = confident_gnmax(votes, threshold, sigma1, sigma2, noise_gen, reserved=canaries.m)
+        canaries.observe_queries(res.reserved)
     mids = bin_midpoints(c, bins, device)
     u_priv = torch.where(res.answered, mids[res.winner], torch.zeros((), device=device)).view(m, k)  # line 9
     dx = torch.einsum("mk,mdk->md", u_priv, proj).view(m, *shape)  # Alg. 2 line 11, Δx = Δu Rᵀ

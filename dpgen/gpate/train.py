@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from dpgen.audit.hooks import VoteCanaries
 from dpgen.core.generator import ReleasedGenerator
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
@@ -250,6 +251,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         cfg["sigma1"], cfg["sigma2"] = calibrate_sigmas(ledger, cfg["sigma_ratio"], int(hp.iters) * queries_per_iter,
                                                         threshold=cfg["threshold"] is not None)
     nm = query_noise(cfg)
+    # an audit run's canaries: teachers of their own voting into reserved bins of every query (dpgen.audit)
+    canaries = VoteCanaries(run.audit, ENTRY, cfg["sigma2"]) if run.audit else None
 
     # --- networks ----------------------------------------------------------------------------
     if data.tabular:
@@ -367,7 +370,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         xd = x.detach()
         dx, side = dp_grad_agg(ens.input_grads_chunks(xd, y), tuple(xd.shape[1:]), cfg["c"], cfg["bins"], k,
                                cfg["sigma1"], cfg["sigma2"], cfg["threshold"], proj_gen, noise_gen, m, dev,
-                               basis=basis, reduce=run.dist.all_reduce_ if run.dist.active else None)
+                               basis=basis, reduce=run.dist.all_reduce_ if run.dist.active else None,
+                               canaries=canaries)
         if guard is None:  # paper: the sound entry is still recorded, sound_epsilon reports it
             ledger.record(ENTRY, nm, count=queries_per_iter)
         else:

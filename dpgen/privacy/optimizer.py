@@ -10,10 +10,16 @@ backward pass may be bf16. :meth:`DPSGDOptimizer.step` runs with autocast off an
 parameters' dtype (fp32), so the per-sample norms, the clipping factors, the clipped sum, the noise and the
 wrapped optimizer's state are fp32: opacus computes the norms in the gradients' own dtype, and a bf16 norm
 can understate the true one by 2^-8 relative, so the clipped sum could exceed C.
+
+Audit runs (:mod:`dpgen.audit`) hand the optimizer a :class:`~dpgen.audit.hooks.DpsgdCanaries`: its reserved
+coordinates join :attr:`DPSGDOptimizer.params` (so opacus clips and noises them with the model's), each step
+appends the sampled canaries' per-sample rows to every parameter's ``grad_sample`` before opacus clips, and
+the released noisy sum on the coordinates goes back to the hook. Without canaries (every other run) nothing of
+this runs and the step is opacus' own.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from opacus.optimizers import DPOptimizer
@@ -22,6 +28,9 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 from dpgen.core.precision import full_precision
 from dpgen.privacy.randomness import gaussian_noise, require_secret
 
+if TYPE_CHECKING:
+    from dpgen.audit.hooks import DpsgdCanaries
+
 __all__ = ["DPSGDOptimizer"]
 
 
@@ -29,9 +38,23 @@ class DPSGDOptimizer(DPOptimizer):
     """opacus' DPOptimizer whose noise N(0, (noise_multiplier·max_grad_norm)² I) is drawn by
     :func:`gaussian_noise` from the secret ``generator`` (required)."""
 
-    def __init__(self, *args, generator, **kwargs) -> None:
+    def __init__(self, *args, generator, canaries: "DpsgdCanaries | None" = None, **kwargs) -> None:
         require_secret(generator, "DP-SGD noise")
+        self.canaries = canaries  # before opacus' __init__, which reads self.params
+        #: rows of the last step that are real records (the canaries' rows follow them); None: all
+        self.real_rows: int | None = None
         super().__init__(*args, generator=generator, **kwargs)
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The parameters opacus clips and noises: the model's, then an audit's reserved coordinates."""
+        ps = super().params
+        return ps if getattr(self, "canaries", None) is None else ps + [self.canaries.coordinates]
+
+    @property
+    def model_params(self) -> list[torch.nn.Parameter]:
+        """The model's parameters only (no audit coordinates): what diagnostics may look at."""
+        return super().params
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """opacus' step (clip, accumulate, noise, scale, the wrapped optimizer's update) with autocast off."""
@@ -45,7 +68,25 @@ class DPSGDOptimizer(DPOptimizer):
             for p in self.params:
                 if getattr(p, "grad_sample", None) is not None:  # opacus explains a missing one itself
                     p.grad_sample = _in_dtype(p.grad_sample, p.dtype)
-            return super().pre_step(closure)
+            if self.canaries is None:
+                return super().pre_step(closure)
+            self._add_canary_rows()
+            released = super().pre_step(closure)
+            if released:
+                self.canaries.observe_release()
+            return released
+
+    def _add_canary_rows(self) -> None:
+        """Append this step's canary rows (zero on the model's parameters, Dirac vectors on the reserved
+        coordinates) after the real rows of every parameter's per-sample gradients, before opacus clips."""
+        rows = self.canaries.rows()
+        model = self.model_params
+        real = [self._get_flat_grad_sample(p) for p in model]
+        self.real_rows = b = len(real[0]) if real else 0
+        for p, g in zip(model, real):
+            p.grad_sample = torch.cat([g, g.new_zeros((len(rows), *g.shape[1:]))])
+        coords = self.canaries.coordinates
+        coords.grad_sample = torch.cat([rows.new_zeros((b, rows.shape[1])), rows]).to(coords.dtype)
 
     def add_noise(self) -> None:
         std = self.noise_multiplier * self.max_grad_norm
