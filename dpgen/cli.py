@@ -16,6 +16,8 @@ from dpgen.core.methods import CONFIG_DIR, available
 from dpgen.errors import DpgenError
 
 EXIT_USER_ERROR = 2
+#: the primary configs of scripts that train (train.py, audit.py): their configs are validated with the data
+TRAINING_CONFIGS = ("train", "audit")
 
 
 def worker_overrides(argv: Sequence[str]) -> list[str]:
@@ -37,6 +39,19 @@ def worker_overrides(argv: Sequence[str]) -> list[str]:
     scratch = tempfile.mkdtemp(prefix=f"dpgen-rank{rank}-")
     return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
             f"hydra.run.dir={scratch}"]
+
+
+def remove_fresh_run_dir(run_dir) -> None:
+    """Remove a run directory a job just created (nothing was trained or released) and its empty parents."""
+    import shutil
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:
+        if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
 
 
 def fail(message: str) -> None:
@@ -100,7 +115,8 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
     register_configs()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
     _check_groups(overrides)
-    if config_name == "train":
+    training = config_name in TRAINING_CONFIGS
+    if training:
         try:
             swept = _config_sweeps(overrides, config_name)
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
@@ -121,12 +137,12 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
             raise
         except Exception as exc:  # noqa: BLE001 - Hydra/OmegaConf composition errors
             raise explain_config_error(exc, _given(variant)) from None
-        if config_name == "train":
+        if training:
             validate(cfg)
             if _launcher_tasks(overrides) > 1:  # refused here, not inside a job that has queued for hours
                 check_multi_process(cfg, several=True)
         configs.append(cfg)
-    if config_name == "train":
+    if training:
         for cfg in configs:  # ... then the data each job reads
             _check_inputs(cfg)
 

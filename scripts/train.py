@@ -16,7 +16,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dpgen.cli import fail, precheck, user_errors, worker_overrides
+from dpgen.cli import fail, precheck, remove_fresh_run_dir, user_errors, worker_overrides
 from dpgen.core.config import register_configs
 from dpgen.core.dist import launch_rank
 from dpgen.core.methods import CONFIG_DIR
@@ -25,15 +25,6 @@ from dpgen.errors import DpgenError
 
 log = logging.getLogger("dpgen")
 register_configs()
-
-
-def _remove_fresh_run_dir(run_dir: Path) -> None:
-    """Remove the directory this call just created (no training happened) and its empty parents."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    for parent in run_dir.parents:
-        if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
-            break
-        parent.rmdir()
 
 
 def _log_to_console_only() -> None:
@@ -61,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     except DpgenError as exc:
         log.error("%s", exc)
         if fresh and rank == 0 and not (run_dir / "checkpoints").exists():
-            _remove_fresh_run_dir(run_dir)
+            remove_fresh_run_dir(run_dir)
         fail(str(exc))
     except torch.OutOfMemoryError as exc:  # one line naming the memory wanted; the checkpoint so far is kept
         from dpgen.core.devices import oom_message

@@ -1,4 +1,4 @@
-"""Call the scripts' entry points in this process (no interpreter start-up): ``scripts/train.py``'s
+"""Call the scripts' entry points in this process (no interpreter start-up): ``scripts/train.py``'s and ``audit.py``'s
 ``check_args`` (everything it checks before Hydra creates a directory) and the other scripts' ``cli``.
 Each returns what a shell would see: the exit code, stdout and stderr."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ def call(capsys, name: str, *args: str) -> tuple[int, str, str]:
     """Run ``scripts/<name>.py args`` in-process: (exit code, stdout, stderr). For train.py only the checks
     before Hydra (``check_args``) run: a bad input must stop there."""
     mod = script(name)
-    entry = mod.check_args if name == "train" else mod.cli
+    entry = mod.check_args if name in ("train", "audit") else mod.cli
     capsys.readouterr()
     try:
         entry(list(args))

@@ -161,6 +161,12 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
               log_every=cfg.log_every, stop_after=cfg.debug.stop_after, resume=resume,
               tensorboard=cfg.tensorboard, progress=cfg.progress, noise_seed=noise_seed,
               secure_noise=bool(cfg.privacy.secure_noise), dist=dist)
+    if cfg.get("audit") is not None:  # scripts/audit.py: canaries in the mechanisms (dpgen.audit)
+        from dpgen.audit.report import attach
+
+        attach(run, cfg)
+        log.info("audit: %d canaries, each included by a secret fair coin (audit/coins.npy after the run)",
+                 int(cfg.audit.canaries))
     method = load_method(cfg.method.name)
     log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s%s", cfg.method.name, data.name,
              len(data.train), target, delta, cfg.profile, device,
@@ -199,6 +205,10 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
     log.info("released generator.pt; epsilon=%.4f (target %g, %s accounting)", ledger.report_epsilon()
              if ledger.entries else 0.0, target, ledger.accounting)
 
+    if run.audit is not None:
+        from dpgen.audit.report import write_report
+
+        write_report(run.audit, cfg, ledger, len(data.train), run_dir)
     metrics = evaluate_generator(gen, data, cfg, device) if evaluate else {}
     metrics["train_seconds"] = round(train_seconds, 1)
     if run.extra_metrics:

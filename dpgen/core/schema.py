@@ -131,6 +131,43 @@ class MethodSchema:
                              f"(configs/method/{node.name}.yaml)")
 
 
+#: the methods whose mechanisms take an audit's canaries (dpgen/audit/hooks.py); the GS-WGAN family follows
+AUDITED_METHODS = ("dpgan", "feta", "dpdm", "gpate", "dpaf")
+
+
+@dataclass
+class AuditSchema:
+    """``audit:`` block of ``scripts/audit.py`` (configs/audit.yaml): the one-run privacy audit (dpgen/audit/)."""
+
+    canaries: int = spec(ge=1, le=1_000_000)  # m canaries, each included by a fair secret coin
+    guesses: int = spec(ge=0)                 # default of guesses_in and guesses_out
+    guesses_in: int = spec(ge=0)              # k+: "in" for the k+ highest scores
+    guesses_out: int = spec(ge=0)             # k-: "out" for the k- lowest scores
+    confidence: float = spec(gt=0.0, lt=1.0)  # of the lower bound on epsilon
+    evaluate: bool = spec()                   # also run the shared evaluator on the audited generator
+
+    @staticmethod
+    def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
+        cfg, m = ctx.cfg, int(node.canaries)
+        if int(node.guesses_in) + int(node.guesses_out) < 1 or int(node.guesses_in) + int(node.guesses_out) > m:
+            raise bad(f"{key}.guesses_in", node.guesses_in, f"guesses_in + guesses_out (now {node.guesses_out}) "
+                      f"between 1 and {key}.canaries={m}")
+        if str(cfg.method.name) not in AUDITED_METHODS:
+            raise bad("method", cfg.method.name, f"one of {', '.join(AUDITED_METHODS)} for an audit (the GS-WGAN "
+                      "family's sanitiser has no canary hook yet)")
+        if cfg.resume is not None:
+            raise bad("resume", cfg.resume, "null: an audit is one uninterrupted run (its scores are not "
+                      "checkpointed)")
+        from dpgen.core.dist import launched_multi_process
+
+        if launched_multi_process():
+            raise DpgenError("an audit runs in one process; launch scripts/audit.py without torchrun or srun -n W")
+        n = ctx.facts.n_train
+        if n is not None and not float(cfg.delta) < 1.0 / (n + m):
+            raise bad("delta", cfg.delta, f"a number < 1/(N + canaries) = 1/{n + m} (N={n} records and up to "
+                      f"{m} included canaries)")
+
+
 @dataclass
 class DebugSchema:
     stop_after: Optional[int] = spec(None, ge=1)   # simulate a crash after this many steps (tests resume)
@@ -183,6 +220,7 @@ class TrainSchema:
     precision: str = spec(choices=PRECISIONS)
     cudnn_benchmark: bool = spec()   # cuDNN picks convolution algorithms by timing them (GPU runs not bit-exact)
     debug: DebugSchema = nested(DebugSchema)
+    audit: Optional[AuditSchema] = None  # set by configs/audit.yaml (scripts/audit.py) only
     # one hyperparameter block per method family (only the selected method's block is set)
     dpgan: Optional[DpganHparams] = None
     dpac: Optional[DpacHparams] = None
