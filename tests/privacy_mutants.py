@@ -47,6 +47,7 @@ SECRET = "tests/test_secret_randomness.py"
 PRECISION = "tests/test_precision.py"
 LEDGER = "tests/test_privacy_ledger.py"
 CALIBRATE = "tests/test_privacy_calibrate.py"
+AUDIT_BELOW = "tests/test_audit.py::test_audit_stays_below_the_claimed_epsilon"
 
 MUTANTS: list[Mutant] = [
     # -- dpgan -------------------------------------------------------------------------------------------
@@ -113,8 +114,8 @@ MUTANTS: list[Mutant] = [
            "DP-SGD reads other records than the Poisson batch"),
     # -- dpaf (issue 16/18) ------------------------------------------------------------------------------
     Mutant("dpaf.z3_half", "dpgen/dpaf/train.py",
-           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg) for s in subs]',
-           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3 * 0.5, bsz, g_agg) for s in subs]',
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg, agg_canaries, j)',
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3 * 0.5, bsz, g_agg, agg_canaries, j)',
            (DPAF_SPY,), "DPAGG z3 × 0.5 in training"),
     Mutant("dpaf.z2_half", "dpgen/dpaf/train.py", "float(hp.lr_d), z2, float(hp.clip_d)",
            "float(hp.lr_d), z2 * 0.5, float(hp.clip_d)", (DPAF_SPY,), "conv2* DP-SGD z2 × 0.5"),
@@ -145,8 +146,8 @@ MUTANTS: list[Mutant] = [
            "return [perm[j:] for j in range(mu)]", (DPAF_SPY,),
            "the μ batches of a group overlap (one record in several batches)"),
     Mutant("dpaf.real_aggs_noiseless", "dpgen/dpaf/train.py",
-           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg) for s in subs]',
-           "real_aggs = [d_net.features(x_all[s], y_all[s], eps_sin).sum(0) / bsz for s in subs]",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg, agg_canaries, j)',
+           "real_aggs = [d_net.features(x_all[s], y_all[s], eps_sin).sum(0) / bsz",
            ("tests/test_dpaf_wiring.py::test_generator_depends_on_data_only_through_the_mechanisms",),
            "real aggregates computed without DPAGG (no noise)"),
     Mutant("dpaf.q1_half", "dpgen/dpaf/train.py", "sample_c = _sampler(run, n, q1, 1, t1)",
@@ -402,6 +403,27 @@ MUTANTS: list[Mutant] = [
     Mutant("privacy.guard_step_unrecorded", "dpgen/privacy/budget.py",
            "        self.ledger._append(LedgerEntry(**self.entry.to_dict()))", "        pass",
            (LEDGER + "::test_budget_guard_stops_exactly_at_target",), "a guarded step is not recorded in the ledger"),
+    # -- the one-run audit (dpgen/audit): a mechanism without its noise or its clip, caught by measuring ------
+    Mutant("audit.dpsgd_noise_removed", "dpgen/privacy/optimizer.py",
+           "            p.grad = (s + noise).view_as(p)",
+           "            p.grad = s.view_as(p)",
+           (AUDIT_BELOW + "[dpgan]",), "opacus-based DP-SGD (dpgan, dpaf) releases the clipped sum without noise"),
+    Mutant("audit.feta_noise_removed", "dpgen/feta/dpsgd.py",
+           "        p.grad = (s + noise) / expected_batch",
+           "        p.grad = s / expected_batch",
+           (AUDIT_BELOW + "[dpdm]",), "feta/dpdm DP-SGD releases the clipped sum without noise"),
+    Mutant("audit.feta_clip_removed", "dpgen/feta/dpsgd.py",
+           "        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)",
+           "        factor = torch.ones_like(norms)",
+           (AUDIT_BELOW + "[dpdm]",), "feta/dpdm DP-SGD sums per-record gradients unclipped"),
+    Mutant("audit.gpate_noise_removed", "dpgen/gpate/aggregate.py",
+           'noisy = counts + gaussian_noise(counts.shape, sigma2, generator, device=counts.device, mechanism="GNMax argmax")',
+           "noisy = counts.clone()",
+           (AUDIT_BELOW + "[gpate]",), "G-PATE's argmax on the vote histogram without noise"),
+    Mutant("audit.dpagg_noise_removed", "dpgen/dpaf/mechanisms.py",
+           "        released = (total + noise) / scale",
+           "        released = total / scale",
+           (AUDIT_BELOW + "[dpaf]",), "DPAGG releases the feature sum without noise"),
     # -- secret randomness (issue 23): a mechanism on a public stream, or secret streams a replay can reproduce ---
     Mutant("secret.dpgan_noise_public", "dpgen/dpgan/train.py",
            'g_sample, g_noise, g_fake = run.secret_rng("sample"), run.secret_rng("noise"), run.rng("fake")',
