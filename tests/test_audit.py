@@ -278,6 +278,19 @@ def test_audit_cli_writes_its_report_and_one_summary_line(tmp_path):
     assert np.load(run / "audit" / "coins.npy").sum() == report["records"]["canaries_included"]
 
 
+def test_an_audit_run_is_not_resumed_by_train(capsys, tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    audit("gpate", run, 2)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(compose_audit("gpate", 2), run / ".hydra" / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = call(capsys, "train", "method=gpate", "eps=2", *AUDIT_TINY["gpate"], f"resume={run}",
+                        f"data_root={tmp_path / 'data'}")
+    assert "is an audit run" in one_error(code, err)
+
+
 @pytest.mark.parametrize("args,says", [
     (["audit.canaries=0"], "audit.canaries=0 is invalid"),
     (["audit.guesses=600"], "guesses_in"),

@@ -100,6 +100,9 @@ def check_resume(cfg: DictConfig, run_dir: Path | None = None) -> None:
     run_dir = Path(str(cfg.resume)) if run_dir is None else Path(run_dir)
     ckpt = load_checkpoint(run_dir / "checkpoints" / "last.pt")  # first: it says when a run predates this version
     saved = load_run_config(run_dir)
+    if saved.get("audit") is not None:
+        raise DpgenError(f"{run_dir} is an audit run (scripts/audit.py): its canaries' scores are not in the "
+                         "checkpoint, so it cannot be resumed; start a new audit")
     PrivacyLedger(delta=0.5).load_state_dict(ckpt["ledger"])
     current = fingerprint(cfg)
     for what, stored in (("the checkpoint", ckpt["fingerprint"]), (f"{run_dir}/.hydra/config.yaml", fingerprint(saved))):
