@@ -93,7 +93,7 @@ def write_report(canaries: Canaries, cfg: DictConfig, ledger: PrivacyLedger, n_r
 def summary_line(report: dict) -> str:
     """``audit: dpgan eps=2 claimed, eps_lb=0.41 (95 %), 1000 canaries, 412/500 correct``."""
     eps = report["claimed"]["epsilon"]
-    shown = "inf" if math.isinf(eps) else f"{eps:.4g}"
+    shown = "inf" if math.isinf(eps) else f"{eps:.3g}"
     line = (f"audit: {report['method']} eps={shown} claimed, eps_lb={report['epsilon_lower_bound']:.2f} "
             f"({100 * report['confidence']:g} %), {report['canaries']} canaries, "
             f"{report['correct']['total']}/{report['guesses']['total']} correct")
