@@ -27,6 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = "scripts/train.py"
+#: scripts whose key=value arguments are Hydra overrides of a primary config (configs/<name>.yaml)
+HYDRA_SCRIPTS = {TRAIN: "train", "scripts/audit.py": "audit"}
 GROUPS = {"method", "dataset", "eval", "profile", "experiment", "paper_dataset"}
 # what a placeholder value stands for when the key's value matters to the composition (config groups, ε)
 PLACEHOLDERS = {"m": "dpgan", "method": "dpgan", "d": "fmnist", "dataset": "fmnist", "ε": "10", "eps": "10",
@@ -248,8 +250,8 @@ def _check_script(where: str, script: str, args: list[str]) -> list[str]:
     path = ROOT / script
     if not path.is_file():
         return [f"{where}: script {script} does not exist"]
-    if script == TRAIN:
-        return check_train_overrides(where, args)
+    if script in HYDRA_SCRIPTS:
+        return check_train_overrides(where, args, HYDRA_SCRIPTS[script])
     return _check_args(where, path, args)
 
 
@@ -349,8 +351,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def compose_groups(overrides: tuple[str, ...]) -> tuple[str | None, object]:
-    """(first line of Hydra's error or None, the config composed with Hydra's node) for config-group choices."""
+def compose_groups(overrides: tuple[str, ...], config: str = "train") -> tuple[str | None, object]:
+    """(first line of Hydra's error or None, the config ``config`` composed with Hydra's node) for config-group
+    choices."""
     from hydra import compose, initialize_config_dir
 
     from dpgen.core.config import register_configs
@@ -359,7 +362,7 @@ def compose_groups(overrides: tuple[str, ...]) -> tuple[str | None, object]:
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return None, compose("train", overrides=list(overrides), return_hydra_config=True)
+            return None, compose(config, overrides=list(overrides), return_hydra_config=True)
     except Exception as exc:  # noqa: BLE001 - any Hydra/OmegaConf/schema error is the finding
         return _first_line(exc), None
 
@@ -380,10 +383,11 @@ def set_value(cfg, key: str, value: str) -> str | None:
     return None
 
 
-def check_train_overrides(where: str, args: list[str]) -> list[str]:
+def check_train_overrides(where: str, args: list[str], config: str = "train") -> list[str]:
     """Config groups (``method=``, ``hydra/launcher=``, ``+experiment=``) are composed by Hydra, every value of each;
     every other key is set on the composed config as Hydra would, and the job's config is checked as
-    scripts/train.py checks it (types, ranges, choices; no data)."""
+    scripts/train.py checks it (types, ranges, choices; no data). ``config``: the primary config (audit for
+    scripts/audit.py)."""
     from omegaconf import OmegaConf
 
     parsed = []  # (key as written, key, values, placeholder only)
@@ -401,10 +405,10 @@ def check_train_overrides(where: str, args: list[str]) -> list[str]:
                          for v in vals[1:]]
     errors = []
     for variant in variants:
-        error, cfg = compose_groups(variant)
+        error, cfg = compose_groups(variant, config)
         if error is not None:  # name the group choice(s) to blame: each one alone
-            culprits = [o for o in variant if compose_groups((o,))[0]] or list(variant)
-            errors += [f"{where}: {o.split('=', 1)[0]}: {compose_groups((o,))[0] or error}" for o in culprits]
+            culprits = [o for o in variant if compose_groups((o,), config)[0]] or list(variant)
+            errors += [f"{where}: {o.split('=', 1)[0]}: {compose_groups((o,), config)[0] or error}" for o in culprits]
             continue
         cfg = cfg.copy()
         for raw, key, vals in values:
@@ -518,6 +522,8 @@ def test_the_real_keys_of_that_command_pass(write_doc):
     ("```bash\npython scripts/train.py resume=<run dir> no_key=<x>\n```\n", "page.md:2: no_key: not a key"),
     ("```bash\ntorchrun --nproc_per_node=2 scripts/train.py feta.nokey=1\n```\n", "page.md:2: feta.nokey"),
     ("```bash\nsbatch scripts/slurm/multinode.sbatch dpgan.nokey=1\n```\n", "page.md:2: dpgan.nokey"),
+    ("```bash\npython scripts/audit.py method=dpgan audit.canaries=abc\n```\n", "page.md:2: audit.canaries"),
+    ("```bash\npython scripts/audit.py audit.no_key=1\n```\n", "page.md:2: audit.no_key"),
     ("```bash\npython scripts/evaluate.py run=x eval.no_key=1\n```\n", "page.md:2: eval.no_key"),
     ("```bash\npython scripts/sample.py run=x n=3 out=y.npz colour=red\n```\n", "does not read colour="),
     ("```bash\npython bench/gpu_profile.py --no-such-flag\n```\n", "has no option --no-such-flag"),
@@ -541,5 +547,7 @@ def test_valid_references_pass(write_doc):
                     "[other](other.md#a-section), [web](https://example.org) and `dpgen.core.devices.PEAK_GB`.\n\n"
                     "```bash\nOMP_NUM_THREADS=1 python scripts/train.py method=<m> dataset=<d> eps=<ε|inf> "
                     "[profile=quick|paper] [delta=..]  # a comment\nmake test\n"
-                    "python scripts/sample.py run=<run dir> n=60000 out=<file.npz> [labels=0,1,...]\n```\n")
+                    "python scripts/sample.py run=<run dir> n=60000 out=<file.npz> [labels=0,1,...]\n"
+                    "python scripts/audit.py method=<m> dataset=digits eps=1,4,inf audit.canaries=1000 "
+                    "audit.guesses=250\n```\n")
     assert check_doc(doc) == []
