@@ -90,6 +90,18 @@ def _compose(method: str, dataset: str, eps: str, profile: str, overrides: list[
     return cfg
 
 
+def base_config(method: str, tiny: bool) -> tuple[str, list[str]]:
+    """(profile, overrides) of the config a method is profiled from: the paper's, or with ``tiny`` the quick
+    profile with tests/tiny.py's overrides (a CPU smoke test)."""
+    if not tiny:
+        return "paper", []
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import TINY
+
+    return "quick", list(TINY[method])
+
+
 def _first_phase(method: str, hp, data) -> tuple[str | None, int]:
     """(config key, paper length) of a first phase whose steps cost differently from the rest, or (None, 0).
 
@@ -323,10 +335,12 @@ class _Pretrain:
 
 def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, warmup: int, tiny: bool,
                 pretrain_iters: int, data_root: str, budget: float | None = None,
-                overrides: list[str] | None = None) -> dict:
+                overrides: list[str] | None = None, data: Any = None) -> dict:
     """Train ``method`` for warmup + steps steps (or until ``budget`` s) and return one table row.
 
     See the module docstring. ``overrides`` are Hydra overrides applied after the tiny ones (``--set``).
+    ``data``: the dataset already loaded (bench/gpu_check.py profiles many variants in one process), else it
+    is loaded from ``data_root``.
     """
     t_begin = time.perf_counter()
     progress = _Progress(method, t_begin)
@@ -342,17 +356,12 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     logging.getLogger("absl").setLevel(logging.ERROR)
     dev = torch.device(device)
     notes: list[str] = []
-    base: list[str] = []
-    if tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import TINY
-
-        base = list(TINY[method])
-    profile = "quick" if tiny else "paper"
+    profile, base = base_config(method, tiny)
     overrides = [*base, *_applicable(overrides or [], _compose(method, dataset, eps, profile, base))]
     cfg = _compose(method, dataset, eps, profile, overrides)
     hp = cfg[cfg.method.hparams]
-    data = load_dataset(cfg.dataset.name, data_root)
+    if data is None or data.name != cfg.dataset.name:
+        data = load_dataset(cfg.dataset.name, data_root)
     prefix = cfg.method.hparams
     pre = _Pretrain()
     if method in ENSEMBLES:
@@ -623,7 +632,21 @@ def _row(method: str, cfg, dev: torch.device, notes: list[str], stamps: list[flo
             "GFLOP/step": gflop, "TFLOP/s": tflops,
             "steps/s": (1.0 / main_s if main_s > 0 else math.inf) if main_s is not None else None,
             "steps (full)": full_steps, "setup s": setup, "peak GB": _peak_gb(dev), "full run h": full_h,
-            "steps timed": timed, "notes": "; ".join(notes)}
+            "steps timed": timed, "stopped": where if budget is not None else None,
+            **_pretrain_fields(pre, per_pair, pretrain_full), "notes": "; ".join(notes)}
+
+
+def _pretrain_fields(pre: _Pretrain, per_pair: float | None, full: float | None) -> dict:
+    """The ensembles' pre-training as numbers (bench/gpu_check.py's pre-training rows): seconds per warm-up
+    iteration of one chunk (its pairs step together), the achieved TFLOP/s, the full pre-training in hours."""
+    if not pre.members:
+        return {}
+    flops_pair = pre.flops.flops / pre.flops_pairs if pre.flops.flops is not None and pre.flops_pairs else None
+    return {"pretrain s/iter": per_pair * pre.chunk if per_pair is not None else None,
+            "pretrain TFLOP/s": flops_pair / per_pair / 1e12 if flops_pair and per_pair else None,
+            "pretrain full h": full / 3600 if full is not None else None,
+            "pretrain iters timed": max(0, len(pre.done) - 1) if len(pre.done) > 1 else len(pre.done),
+            "pretrain pairs": pre.members, "pretrain chunk": pre.chunk, "pretrain iters (full)": pre.iters_full}
 
 
 def _pretrain_note(pre: _Pretrain, per_pair: float | None, with_counter: bool, full: float | None) -> str:
