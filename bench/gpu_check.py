@@ -193,8 +193,9 @@ def _cleanup(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    with contextlib.suppress(Exception):
-        torch._dynamo.reset()
+    if "torch._dynamo" in sys.modules:  # (importing it only to reset it costs seconds)
+        with contextlib.suppress(Exception):
+            torch._dynamo.reset()
 
 
 def run_variant(method: str, precision: str, compile_: str, overrides: list[str], budget_s: float,

@@ -1,0 +1,158 @@
+"""bench/gpu_check.py on a CPU (``--device cpu --tiny``): the table's format, a failing variant's row, the budget
+split among the rows, and the table as the last thing printed."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+COLUMNS = ["method", "precision", "compile", "s/step", "TFLOP/s", "% matmul", "peak GB", "full run h", "notes"]
+
+
+@pytest.fixture(scope="module")
+def gc():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cells(line: str) -> list[str]:
+    assert line.startswith("| ") and line.endswith(" |"), line
+    return [c.strip() for c in line[2:-2].split(" | ")]
+
+
+def _table_lines(text: str) -> list[str]:
+    """The table at the end of ``text``: from its caption line to the last line."""
+    lines = text.rstrip("\n").splitlines()
+    start = max(i for i, ln in enumerate(lines) if ln.startswith("gpu-check: torch "))
+    return lines[start:]
+
+
+def test_tiny_check_prints_one_table_last_with_a_refused_variant(tmp_path):
+    """A real tiny run as a script, stdout and stderr together: progress lines first, then the one table last --
+    a caption naming torch, CUDA and the device, the matmul reference row, a measured row and the row of a
+    variant the schema refuses (precision=fp8); --out keeps the same table and the rows as JSON."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                           "--methods", "dpgan", "--precisions", "fp32,fp8", "--compile", "false", "--budget", "0.5",
+                           "--out", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = _table_lines(proc.stdout)
+    assert proc.stdout.rstrip("\n").endswith("\n" + "\n".join(lines))  # nothing after the table
+    before = proc.stdout[:proc.stdout.rindex(lines[0])]
+    assert "[gpu_check " in before and "[gpu_profile dpgan" in before and "] row 2/2 dpgan precision=fp8" in before
+    assert lines[0].startswith(f"gpu-check: torch {torch.__version__} | CUDA ") and "| cpu |" in lines[0]
+    assert lines[1] == "" and _cells(lines[2]) == COLUMNS and lines[3] == "|" + "|".join(["---"] * 9) + "|"
+    body = [_cells(ln) for ln in lines[4:]]
+    assert len(body) == 3 and all(len(cells) == len(COLUMNS) for cells in body)
+    assert body[0][:3] == ["bf16 matmul n=256", "bf16", ""] and body[0][5] == "100"
+    assert body[1][:3] == ["dpgan", "fp32", "off"] and float(body[1][3]) > 0 and float(body[1][5]) > 0
+    assert body[1][8] == "2 steps timed"
+    assert body[2][:3] == ["dpgan", "fp8", "off"] and body[2][3:8] == [""] * 5
+    assert body[2][8].startswith("failed: precision='fp8' is invalid")
+    assert (tmp_path / "gpu_check.md").read_text() == "\n".join(lines) + "\n"
+
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["environment"]["torch"] == torch.__version__
+    matmul, ok, refused = saved["rows"]
+    assert matmul["TFLOP/s"] > 0 and math.isclose(matmul["TFLOP/s"], 2 * 256**3 / matmul["s/step"] / 1e12,
+                                                  rel_tol=1e-9)
+    assert ok["s/step"] > 0 and ok["TFLOP/s"] > 0 and ok["peak GB"] > 0 and ok["full run h"] > 0
+    assert math.isclose(ok["% matmul"], 100 * ok["TFLOP/s"] / matmul["TFLOP/s"], rel_tol=1e-9)
+    assert ok["profile"]["steps timed"] == 2 and ok["profile"]["s/step"] == ok["s/step"]
+    assert refused.get("s/step") is None
+
+
+def test_compile_variant_without_the_key_says_why(gc):
+    """Without a ``compile`` key in the schema, compile off is the default (no override) and compile on is a
+    row saying the key is missing; with the key, both variants compose."""
+    from dpgen.core.schema import schema_hint
+
+    known = gc.compile_known("digits", "10", True)
+    assert known == (schema_hint("compile") is not None)
+    assert gc.variant_overrides("tf32", "false", known) == ["precision=tf32"] + (["compile=false"] if known else [])
+    assert gc.variant_overrides("tf32", "true", known) == ["precision=tf32", "compile=true"]
+    why = gc.preflight("dpgan", "digits", "10", True, gc.variant_overrides("fp32", "true", known))
+    assert why == (None if known else "compile: key not in schema")
+    assert gc.preflight("dpgan", "digits", "10", True, gc.variant_overrides("fp32", "false", known)) is None
+
+
+def test_a_variant_failing_in_training_is_a_row_and_the_check_goes_on(gc, monkeypatch, capsys):
+    """An exception inside one variant's training (here a RuntimeError of tf32) becomes that row's reason; the
+    rows after it still run."""
+    seen = []
+
+    def fake_profile(method, *args, budget=None, overrides=None, data=None):
+        seen.append(overrides)
+        if "precision=tf32" in overrides:
+            raise RuntimeError("CUDA out of memory\nmore text")
+        return {"s/step": 0.5, "TFLOP/s": 2.0, "peak GB": 1.0, "full run h": 3.0, "steps timed": 2}
+
+    monkeypatch.setattr(gc.gp, "profile_one", fake_profile)
+    monkeypatch.setattr(gc, "_cleanup", lambda device: None)
+    rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--precisions", "fp32,tf32,bf16", "--compile",
+                    "false", "--budget", "0.5"], t_start=time.perf_counter())
+    assert [r["precision"] for r in rows[1:]] == ["fp32", "tf32", "bf16"] and len(seen) == 3
+    assert rows[2]["notes"] == "failed: RuntimeError: CUDA out of memory" and rows[2].get("s/step") is None
+    for r in (rows[1], rows[3]):
+        assert r["s/step"] == 0.5 and r["notes"] == "2 steps timed"
+        assert math.isclose(r["% matmul"], 100 * 2.0 / rows[0]["TFLOP/s"], rel_tol=1e-9)
+    assert "| dpgan | tf32 | off |  |  |  |  |  | failed: RuntimeError: CUDA out of memory |" in capsys.readouterr().out
+
+
+def test_budget_split(gc, monkeypatch):
+    """The budget less the reserve is shared by weight (compile on: double) among the rows that can run, a
+    refused row takes none, a row finishing early leaves its time to the rest, and a row whose share is too
+    small is skipped."""
+    assert gc.budget_share(90.0, 2.0, 6.0) == 30.0 and gc.budget_share(-5.0, 1.0, 2.0) == 0.0
+    assert gc.budget_share(10.0, 1.0, 0.0) == 0.0
+    assert gc.row_weight("true") == 2 * gc.row_weight("false") == 2.0
+    assert gc.reserve_s(60.0) == 3.0 and gc.reserve_s(420.0) == pytest.approx(12.6)
+
+    clock = [0.0]
+    monkeypatch.setattr(gc, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(gc, "matmul_rate", lambda device, n, seconds: {"method": "mm", "TFLOP/s": 1.0})
+    monkeypatch.setattr(gc, "compile_known", lambda *a: True)
+    monkeypatch.setattr(gc, "warm_imports", lambda methods: None)
+    monkeypatch.setattr(gc, "_cleanup", lambda device: None)
+    monkeypatch.setattr(gc, "preflight", lambda m, d, e, t, ov: "refused" if "precision=bf16" in ov else None)
+    shares = []
+
+    def run(m, p, c, ov, share, args, data):
+        shares.append((m, p, c, share))
+        clock[0] += share * (0.5 if (m, p, c) == ("dpgan", "fp32", "false") else 1.0)  # the first finishes early
+        return {"notes": "", "s/step": 1.0}
+
+    monkeypatch.setattr(gc, "run_variant", run)
+    budget_min = 2.0  # 120 s, less a 3.6 s reserve
+    rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan,gpate", "--budget", str(budget_min)], t_start=0.0)
+    assert len(rows) == 1 + 2 * 3 * 2
+    refused = [r for r in rows[1:] if r["notes"] == "failed: refused"]
+    assert [(r["method"], r["precision"]) for r in refused] == [("dpgan", "bf16")] * 2 + [("gpate", "bf16")] * 2
+    left = 120.0 - gc.reserve_s(120.0)
+    weights = 2 * (1 + 2 + 1 + 2)  # two methods x (fp32, tf32) x (off 1, on 2)
+    first = left * 1 / weights
+    assert shares[0] == ("dpgan", "fp32", "false", pytest.approx(first))
+    # the first row spent half its share: the other seven rows share the rest by weight
+    rest = (left - first / 2) / (weights - 1)
+    for m, p, c, share in shares[1:]:
+        assert share == pytest.approx(rest * gc.row_weight(c)), (m, p, c)
+    assert sum(s for *_, s in shares) == pytest.approx(left - first / 2 + first)
+
+    # a budget too small for any row: every runnable row says so
+    shares.clear()
+    clock[0] = 0.0
+    rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--budget", "0.06"], t_start=0.0)
+    assert not shares and [r["notes"] for r in rows[1:]].count("skipped: budget spent") == 4
