@@ -35,3 +35,28 @@ mutants: install
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
+
+# The one GPU check on an offline node (docs/clusters.md "Offline GPU nodes", docs/performance.md "The GPU check").
+# Here, with internet: `make wheelhouse PY=3.12` and `make data` fill .whl/ and .data/ (ignored; carried to the
+# node with the repository). On the node: `make gpu-check GPU_BUDGET=7` installs the wheels the node's python3
+# lacks into GPU_SITE (its torch untouched) and prints one table last.
+PY         ?= 3.12
+WHEELS     ?= .whl
+DATA_DIR   ?= .data
+FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
+GPU_SITE   ?= /tmp/site
+GPU_BUDGET ?= 7
+GPU_ARGS   ?=
+HOST_PY    := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+
+.PHONY: wheelhouse data gpu-check
+
+wheelhouse:
+	$(HOST_PY) scripts/wheelhouse.py download --python-version $(PY) --dest $(WHEELS)
+
+data:
+	$(PYTHON) scripts/wheelhouse.py data --src $(FMNIST_SRC) --dest $(DATA_DIR)/fashion-mnist
+
+gpu-check:
+	python3 scripts/wheelhouse.py install --wheels $(WHEELS) --target $(GPU_SITE)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) python3 bench/gpu_check.py --budget $(GPU_BUDGET) --data-root $(DATA_DIR) $(GPU_ARGS)

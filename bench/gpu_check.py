@@ -8,7 +8,8 @@ matrices, the reference for the "% matmul" column), then one row per (method, va
   iterations), dpgan and gpate, each on its ``profile=paper`` config (fmnist by default);
 - variants: ``precision=fp32|tf32|bf16`` x ``compile=false|true`` (config overrides, dpgen/core/precision.py),
   all in this one process, the fp32/compile-off baseline first;
-- columns: s/step (gswgan: s per warm-up iteration of one chunk of pairs), achieved TFLOP/s (FLOPs counted
+- columns: s/step (gswgan: s per warm-up iteration of one chunk of pairs; the mean over the steps the row's
+  budget share allowed after the warm-up steps), achieved TFLOP/s (FLOPs counted
   by ``torch.utils.flop_counter`` over one untimed step / s/step), that rate as a percentage of the measured
   bf16 matmul rate, peak memory (``torch.cuda.max_memory_allocated``; on a CPU the process's max RSS, which
   only grows), and the full-run estimate (gswgan: the full pre-training).
@@ -207,7 +208,8 @@ def run_variant(method: str, precision: str, compile_: str, overrides: list[str]
     try:
         with counting_compile() as calls:
             r = gp.profile_one(method, args.dataset, args.eps, args.device, args.steps, args.warmup, args.tiny,
-                               args.pretrain_iters, args.data_root, budget=budget_s, overrides=overrides, data=data)
+                               args.pretrain_iters, args.data_root, budget=budget_s, overrides=overrides, data=data,
+                               first_steps=args.first_steps)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the check goes on; the row says why
         row["notes"] = f"failed: {_reason(exc)}"
         row["error"] = f"{type(exc).__name__}: {exc}"
@@ -226,7 +228,7 @@ def run_variant(method: str, precision: str, compile_: str, overrides: list[str]
     else:
         row["s/step"], row["TFLOP/s"], row["full run h"] = r.get("s/step"), r.get("TFLOP/s"), r.get("full run h")
         notes.append(f"{r.get('steps timed', 0)} steps timed")
-    if r.get("stopped"):
+    if r.get("stopped") and row["s/step"] is None:  # (a budget stop after timed steps is the normal end)
         notes.append(f"budget stop in {r['stopped']}")
     if row["s/step"] is not None and row["TFLOP/s"] is None:
         notes.append("FLOPs not counted")
@@ -279,8 +281,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--compile", dest="compiles", default=",".join(COMPILES), help="compile values: false,true")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per row (default 10, 2 with --tiny)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps per row at most (default 10000: the row's budget share ends it; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 2, 1 with --tiny)")
+    ap.add_argument("--first-steps", type=int, default=None,
+                    help="steps profiled of a first phase such as feta's warm-up (default warm-up + 3; with --tiny "
+                         "warm-up + steps)")
     ap.add_argument("--pretrain-iters", type=int, default=5, help="ensemble warm-up iterations run per member")
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size (default 8192 on CUDA, 256 on a CPU)")
     ap.add_argument("--data-root", default=None, help="default: $DPGEN_DATA or data")
@@ -289,8 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.device = a.device or ("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     a.dataset = a.dataset or ("digits" if a.tiny else "fmnist")
     a.budget = a.budget if a.budget is not None else (0.75 if a.tiny else 7.0)
-    a.steps = a.steps if a.steps is not None else (2 if a.tiny else 10)
+    a.steps = a.steps if a.steps is not None else (2 if a.tiny else 10000)
     a.warmup = a.warmup if a.warmup is not None else 1 if a.tiny else 2
+    a.first_steps = a.first_steps if a.first_steps is not None else (None if a.tiny else a.warmup + 3)
     a.data_root = a.data_root or os.environ.get("DPGEN_DATA", "data")
     if a.budget <= 0 or a.steps < 1 or a.warmup < 1:
         ap.error("--budget must be > 0, --steps and --warmup >= 1")

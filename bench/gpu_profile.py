@@ -335,12 +335,13 @@ class _Pretrain:
 
 def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, warmup: int, tiny: bool,
                 pretrain_iters: int, data_root: str, budget: float | None = None,
-                overrides: list[str] | None = None, data: Any = None) -> dict:
+                overrides: list[str] | None = None, data: Any = None, first_steps: int | None = None) -> dict:
     """Train ``method`` for warmup + steps steps (or until ``budget`` s) and return one table row.
 
     See the module docstring. ``overrides`` are Hydra overrides applied after the tiny ones (``--set``).
     ``data``: the dataset already loaded (bench/gpu_check.py profiles many variants in one process), else it
-    is loaded from ``data_root``.
+    is loaded from ``data_root``. ``first_steps``: the steps of a first phase profiled (default warmup + steps;
+    more than ``warmup``), for a caller that lets ``budget`` rather than ``steps`` end the main phase.
     """
     t_begin = time.perf_counter()
     progress = _Progress(method, t_begin)
@@ -369,7 +370,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     if method in ENSEMBLES and not tiny and int(hp.pretrain_iters) > pretrain_iters:
         overrides.append(f"{prefix}.pretrain_iters={pretrain_iters}")
     key, phase1_full = _first_phase(method, hp, data)
-    n1 = warmup + steps if key and phase1_full > warmup + steps else 0
+    p1 = warmup + steps if first_steps is None else max(first_steps, warmup + 1)
+    n1 = p1 if key and phase1_full > p1 else 0
     if n1:
         overrides.append(f"{prefix}.{key}={_shorten(key, n1, hp, data)}")
     elif key:  # a run no longer than the profile (--tiny): its steps are timed together

@@ -94,7 +94,7 @@ def test_a_variant_failing_in_training_is_a_row_and_the_check_goes_on(gc, monkey
     rows after it still run."""
     seen = []
 
-    def fake_profile(method, *args, budget=None, overrides=None, data=None):
+    def fake_profile(method, *args, budget=None, overrides=None, data=None, first_steps=None):
         seen.append(overrides)
         if "precision=tf32" in overrides:
             raise RuntimeError("CUDA out of memory\nmore text")

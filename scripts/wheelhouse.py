@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Wheels and data for an offline GPU node (docs/clusters.md, "Offline GPU nodes"). Standard library only: the
+node runs ``install`` with its own Python, before anything of dpgen can be imported.
+
+    python scripts/wheelhouse.py download [--python-version 3.12] [--dest .whl]   # on a machine with internet
+    python scripts/wheelhouse.py data [--src /usr/share/datasets/fashion-mnist] [--dest .data/fashion-mnist]
+    python3 scripts/wheelhouse.py install [--wheels .whl] [--target /tmp/site] [--all]    # on the node
+
+``download`` fetches, for CPython ``--python-version`` on manylinux x86_64, one wheel per distribution in
+:data:`WHEELS` (no dependency resolution: the list is dpgen's runtime dependencies and their own, less what a
+CUDA torch image brings: torch, torchvision, numpy, pillow, jinja2, ...). Versions are those installed in the
+Python running the script (the dpgen environment the tests passed in), else the newest. A distribution published
+only as an sdist (antlr4-python3-runtime 4.9.3, pure Python) is built into a wheel here with ``pip wheel``.
+scikit-learn and matplotlib are left out: nothing the GPU check runs imports them (the embedded ``digits`` data
+do), and their wheels would double the payload.
+
+``data`` copies the four Fashion-MNIST files into the repository (``.data/fashion-mnist``: the loader reads
+``<data_root>/fashion-mnist``); ``install`` installs the wheels into ``--target`` with ``pip --no-index
+--no-deps``, skipping the distributions the node's Python already has (its torch, tensorboard, numpy stay its
+own) unless ``--all``; then run with ``PYTHONPATH=<target>:$PWD``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+#: dpgen's runtime dependencies (pyproject.toml) that a CUDA torch image lacks, with their own dependencies
+WHEELS = (
+    "opacus", "opt-einsum",                                            # opacus (+ torch, numpy, scipy)
+    "dp-accounting", "absl-py", "attrs", "dm-tree", "wrapt",           # dp-accounting (+ mpmath, numpy, scipy)
+    "hydra-core", "omegaconf", "antlr4-python3-runtime", "packaging",  # hydra (+ PyYAML)
+    "pytorch-fid",                                                     # (+ torch, torchvision, numpy, scipy)
+    "tqdm",
+    "tensorboard", "tensorboard-data-server", "grpcio", "protobuf", "markdown", "werkzeug",
+)
+#: published as an sdist only (for the version hydra-core pins): built into a wheel locally
+SDIST_ONLY = ("antlr4-python3-runtime",)
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+FMNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                "t10k-labels-idx1-ubyte.gz")
+
+
+def norm(name: str) -> str:
+    """A distribution name as PEP 503 compares them (``dm_tree`` = ``dm-tree``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed(name: str) -> str | None:
+    """The version of ``name`` installed in this Python, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def spec(name: str, pin: bool) -> str:
+    version = installed(name) if pin else None
+    return f"{name}=={version}" if version else name
+
+
+def download(dest: Path, python_version: str, pin: bool) -> list[Path]:
+    """One wheel per :data:`WHEELS` entry into ``dest``, for CPython ``python_version`` on manylinux x86_64."""
+    dest.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    binary = [spec(n, pin) for n in WHEELS if n not in SDIST_ONLY]
+    platform = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
+                    "--implementation", "cp", *platform, "--dest", str(dest), *binary], check=True)
+    for name in SDIST_ONLY:  # pure Python: a wheel built here serves any CPython 3
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", tmp, spec(name, pin)], check=True)
+            for whl in Path(tmp).glob("*.whl"):
+                shutil.copy2(whl, dest / whl.name)
+    return sorted(dest.glob("*.whl"))
+
+
+def copy_data(src: Path, dest: Path) -> list[Path]:
+    """The four Fashion-MNIST files from ``src`` into ``dest`` (``.gz`` or uncompressed, as found)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in FMNIST_FILES:
+        found = next((p for p in (src / name, src / name[:-3]) if p.is_file()), None)
+        if found is None:
+            raise SystemExit(f"error: {src / name} not found (apt-get install dataset-fashion-mnist, or "
+                             f"--src <folder with the four files>)")
+        shutil.copy2(found, dest / found.name)
+        out.append(dest / found.name)
+    return out
+
+
+def wheel_name(path: Path) -> str:
+    """The distribution a wheel file installs (its file name's first field)."""
+    return norm(path.name.split("-", 1)[0])
+
+
+def install(wheels: Path, target: Path, everything: bool) -> list[Path]:
+    """Install the wheels in ``wheels`` into ``target`` (no index, no dependencies, no byte-compiling), except
+    those of distributions this Python already has, unless ``everything``."""
+    files = sorted(wheels.glob("*.whl"))
+    if not files:
+        raise SystemExit(f"error: no wheels in {wheels} (make wheelhouse on a machine with internet)")
+    chosen = [f for f in files if everything or installed(wheel_name(f)) is None]
+    skipped = sorted({wheel_name(f) for f in files} - {wheel_name(f) for f in chosen})
+    if skipped:
+        print(f"wheelhouse: already installed, kept: {', '.join(skipped)}", file=sys.stderr)
+    if chosen:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--upgrade", "--target", str(target), *map(str, chosen)], check=True)
+    print(f"wheelhouse: {len(chosen)} wheels installed into {target}", file=sys.stderr)
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("download", help="wheels for an offline node")
+    d.add_argument("--dest", default=".whl")
+    d.add_argument("--python-version", default="3.12")
+    d.add_argument("--latest", action="store_true", help="newest versions, not this Python's")
+    c = sub.add_parser("data", help="copy the Fashion-MNIST files into the repository")
+    c.add_argument("--src", default="/usr/share/datasets/fashion-mnist")
+    c.add_argument("--dest", default=".data/fashion-mnist")
+    i = sub.add_parser("install", help="install the wheels on the node")
+    i.add_argument("--wheels", default=".whl")
+    i.add_argument("--target", default="/tmp/site")
+    i.add_argument("--all", action="store_true", help="also the distributions this Python already has")
+    a = ap.parse_args(argv)
+    if a.cmd == "download":
+        files = download(Path(a.dest), a.python_version, pin=not a.latest)
+    elif a.cmd == "data":
+        files = copy_data(Path(a.src), Path(a.dest))
+    else:
+        install(Path(a.wheels), Path(a.target), a.all)
+        return
+    size = sum(f.stat().st_size for f in files)
+    print(f"{len(files)} files, {size / 2**20:.1f} MiB in {Path(a.dest)}")
+
+
+if __name__ == "__main__":
+    main()
