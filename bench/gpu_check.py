@@ -227,7 +227,8 @@ def run_variant(method: str, precision: str, compile_: str, overrides: list[str]
             notes.append("no pre-training observed")
     else:
         row["s/step"], row["TFLOP/s"], row["full run h"] = r.get("s/step"), r.get("TFLOP/s"), r.get("full run h")
-        notes.append(f"{r.get('steps timed', 0)} steps timed")
+        timed = r.get("steps timed", 0)
+        notes.append(f"{timed} steps timed" if timed or row["s/step"] is None else "s/step from warm-up steps")
     if r.get("stopped") and row["s/step"] is None:  # (a budget stop after timed steps is the normal end)
         notes.append(f"budget stop in {r['stopped']}")
     if row["s/step"] is not None and row["TFLOP/s"] is None:
