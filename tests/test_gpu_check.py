@@ -39,6 +39,14 @@ def _table_lines(text: str) -> list[str]:
     return lines[start:]
 
 
+def _no_data_or_matmul(gc, monkeypatch) -> None:
+    """For tests of the rows' bookkeeping around a fake profile: no dataset, a fixed matmul rate, no cleanup."""
+    monkeypatch.setattr("dpgen.data.load_dataset", lambda *a, **k: None)
+    monkeypatch.setattr(gc, "matmul_rate", lambda device, n, seconds: {"method": "mm", "TFLOP/s": 4.0})
+    monkeypatch.setattr(gc, "_cleanup", lambda device: None)
+    monkeypatch.setattr(gc, "warm_imports", lambda methods: None)
+
+
 def test_tiny_check_prints_one_table_last_with_a_refused_variant(tmp_path):
     """A real tiny run as a script, stdout and stderr together: progress lines first, then the one table last --
     a caption naming torch, CUDA and the device, the matmul reference row, a measured row and the row of a
@@ -101,7 +109,7 @@ def test_a_variant_failing_in_training_is_a_row_and_the_check_goes_on(gc, monkey
         return {"s/step": 0.5, "TFLOP/s": 2.0, "peak GB": 1.0, "full run h": 3.0, "steps timed": 2}
 
     monkeypatch.setattr(gc.gp, "profile_one", fake_profile)
-    monkeypatch.setattr(gc, "_cleanup", lambda device: None)
+    _no_data_or_matmul(gc, monkeypatch)
     rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--precisions", "fp32,tf32,bf16", "--compile",
                     "false", "--budget", "0.5"], t_start=time.perf_counter())
     assert [r["precision"] for r in rows[1:]] == ["fp32", "tf32", "bf16"] and len(seen) == 3
@@ -156,3 +164,27 @@ def test_budget_split(gc, monkeypatch):
     clock[0] = 0.0
     rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--budget", "0.06"], t_start=0.0)
     assert not shares and [r["notes"] for r in rows[1:]].count("skipped: budget spent") == 4
+
+
+def test_a_compile_row_says_whether_torch_compile_ran(gc, monkeypatch):
+    """With a ``compile`` key, a compile-on row whose training never reached torch.compile says it was not
+    compiled (the check would otherwise pass an eager measurement off as a compiled one); one that did, says so."""
+    compiled = []
+
+    def fake_profile(method, *args, budget=None, overrides=None, data=None, first_steps=None):
+        if "precision=tf32" in overrides:
+            compiled.append(torch.compile(lambda x: x + 1))
+        return {"s/step": 0.5, "TFLOP/s": 2.0, "peak GB": 1.0, "full run h": 3.0, "steps timed": 2}
+
+    monkeypatch.setattr(gc.gp, "profile_one", fake_profile)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # what the check counts (dynamo stays unloaded)
+    _no_data_or_matmul(gc, monkeypatch)
+    monkeypatch.setattr(gc, "compile_known", lambda *a: True)
+    monkeypatch.setattr(gc, "preflight", lambda *a: None)
+    rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--precisions", "fp32,tf32", "--budget", "0.5"],
+                   t_start=time.perf_counter())
+    notes = {(r["precision"], r["compile"]): r["notes"] for r in rows[1:]}
+    assert notes[("fp32", "off")] == "2 steps timed"
+    assert notes[("fp32", "on")] == "2 steps timed; torch.compile never called: not compiled"
+    assert notes[("tf32", "on")] == notes[("tf32", "off")] == "2 steps timed; torch.compile called 1x, 0 graphs compiled"
+    assert len(compiled) == 2
