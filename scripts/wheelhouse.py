@@ -15,7 +15,8 @@ scikit-learn and matplotlib are left out: nothing the GPU check runs imports the
 do), and their wheels would double the payload.
 
 ``data`` copies the four Fashion-MNIST files into the repository (``.data/fashion-mnist``: the loader reads
-``<data_root>/fashion-mnist``); ``install`` installs the wheels into ``--target`` with ``pip --no-index
+``<data_root>/fashion-mnist``), from ``--src`` or, where that lacks them, from the Debian package
+``dataset-fashion-mnist`` fetched with ``apt-get download`` (nothing installed); ``install`` installs the wheels into ``--target`` with ``pip --no-index
 --no-deps``, skipping the distributions the node's Python already has (its torch, tensorboard, numpy stay its
 own) unless ``--all``; then run with ``PYTHONPATH=<target>:$PWD``.
 """
@@ -80,8 +81,29 @@ def download(dest: Path, python_version: str, pin: bool) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
+def debian_fmnist(workdir: Path) -> Path | None:
+    """The Debian package ``dataset-fashion-mnist`` downloaded (``apt-get download``, no root install) and
+    unpacked in ``workdir``: the folder with its four files, or None where apt is not available."""
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        return None
+    got = subprocess.run(["apt-get", "download", "dataset-fashion-mnist"], cwd=workdir, capture_output=True, text=True)
+    debs = sorted(workdir.glob("dataset-fashion-mnist_*.deb"))
+    if got.returncode or not debs:
+        print(f"apt-get download dataset-fashion-mnist failed: {got.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(workdir / "root")], check=True)
+    return workdir / "root" / "usr" / "share" / "datasets" / "fashion-mnist"
+
+
 def copy_data(src: Path, dest: Path) -> list[Path]:
-    """The four Fashion-MNIST files from ``src`` into ``dest`` (``.gz`` or uncompressed, as found)."""
+    """The four Fashion-MNIST files from ``src`` into ``dest`` (``.gz`` or uncompressed, as found). Where
+    ``src`` lacks them, the Debian package is fetched and unpacked in a temporary folder instead."""
+    if not all((src / n).is_file() or (src / n[:-3]).is_file() for n in FMNIST_FILES):
+        with tempfile.TemporaryDirectory() as tmp:
+            unpacked = debian_fmnist(Path(tmp))
+            if unpacked is not None:
+                print(f"{src} lacks the files: using the package dataset-fashion-mnist", file=sys.stderr)
+                return copy_data(unpacked, dest)
     dest.mkdir(parents=True, exist_ok=True)
     out = []
     for name in FMNIST_FILES:

@@ -188,3 +188,42 @@ def test_a_compile_row_says_whether_torch_compile_ran(gc, monkeypatch):
     assert notes[("fp32", "on")] == "2 steps timed; torch.compile never called: not compiled"
     assert notes[("tf32", "on")] == notes[("tf32", "off")] == "2 steps timed; torch.compile called 1x, 0 graphs compiled"
     assert len(compiled) == 2
+
+
+def _wheelhouse():
+    spec = importlib.util.spec_from_file_location("wheelhouse", ROOT / "scripts" / "wheelhouse.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheelhouse_installs_only_what_the_node_lacks(tmp_path, monkeypatch):
+    """scripts/wheelhouse.py install: pip without index or dependencies into --target, for the wheels whose
+    distribution this Python does not have (here: pytest is kept, the made-up one installed); --all takes all."""
+    wh = _wheelhouse()
+    names = ["dm_tree-0.1.10-cp312-cp312-manylinux_2_28_x86_64.whl", "pytest-8.0.0-py3-none-any.whl",
+             "no_such_dist_xyz-1.0-py3-none-any.whl"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    assert [wh.wheel_name(tmp_path / n) for n in names] == ["dm-tree", "pytest", "no-such-dist-xyz"]
+    calls = []
+    monkeypatch.setattr(wh.subprocess, "run", lambda cmd, check: calls.append(cmd))
+    chosen = wh.install(tmp_path, tmp_path / "site", everything=False)
+    assert "no_such_dist_xyz-1.0-py3-none-any.whl" in {c.name for c in chosen}
+    assert "pytest-8.0.0-py3-none-any.whl" not in {c.name for c in chosen}
+    assert calls[0][1:9] == ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade"]
+    assert calls[0][9:11] == ["--target", str(tmp_path / "site")] and calls[0][11:] == [str(c) for c in chosen]
+    assert len(wh.install(tmp_path, tmp_path / "site", everything=True)) == 3
+    with pytest.raises(SystemExit, match="no wheels"):
+        wh.install(tmp_path / "empty", tmp_path / "site", everything=False)
+
+
+def test_wheelhouse_data_copies_the_four_files(tmp_path):
+    wh = _wheelhouse()
+    src = tmp_path / "src"
+    src.mkdir()
+    for n in wh.FMNIST_FILES:
+        (src / n).write_bytes(n.encode())
+    out = wh.copy_data(src, tmp_path / ".data" / "fashion-mnist")
+    assert sorted(p.name for p in out) == sorted(wh.FMNIST_FILES)
+    assert all(p.read_bytes() == p.name.encode() for p in out)
