@@ -212,12 +212,16 @@ def _cleanup(device: torch.device) -> None:
             torch._dynamo.reset()
 
 
+def row_key(method: str, precision: str, compile_: str) -> dict:
+    """The first three columns of a variant's row."""
+    return {"method": method + (" pre-training" if method in PRETRAIN_ROWS else ""), "precision": precision,
+            "compile": "on" if compile_ == "true" else "off"}
+
+
 def run_variant(method: str, precision: str, compile_: str, overrides: list[str], budget_s: float,
                 args: argparse.Namespace, data: Any) -> dict:
     """One row: bench/gpu_profile.py's profile_one under ``overrides`` and ``budget_s``; a failure is a row."""
-    row: dict[str, Any] = {"method": method + (" pre-training" if method in PRETRAIN_ROWS else ""),
-                           "precision": precision, "compile": "on" if compile_ == "true" else "off",
-                           "budget s": budget_s}
+    row: dict[str, Any] = {**row_key(method, precision, compile_), "budget s": budget_s}
     graphs0 = dynamo_graphs()
     try:
         with counting_compile() as calls:
@@ -361,16 +365,14 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
     for i, (m, p, c, ov, why) in enumerate(plans, 1):
         label = f"{m} precision={p} compile={c}"
         if why is not None:
-            rows.append({"method": m + (" pre-training" if m in PRETRAIN_ROWS else ""), "precision": p,
-                         "compile": "on" if c == "true" else "off", "notes": f"failed: {why}"})
+            rows.append({**row_key(m, p, c), "notes": f"failed: {why}"})
             say(f"row {i}/{len(plans)} {label}: not run: {why}")
             continue
         w = row_weight(c)
         share = budget_share(deadline - reserve_s(60.0 * a.budget) - time.perf_counter(), w, weights_left)
         weights_left -= w
         if share < min_row_s(a.tiny):
-            rows.append({"method": m + (" pre-training" if m in PRETRAIN_ROWS else ""), "precision": p,
-                         "compile": "on" if c == "true" else "off", "notes": "skipped: budget spent"})
+            rows.append({**row_key(m, p, c), "notes": "skipped: budget spent"})
             say(f"row {i}/{len(plans)} {label}: skipped, budget spent")
             continue
         say(f"row {i}/{len(plans)} {label}: {share:.1f} s")
