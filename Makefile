@@ -38,8 +38,8 @@ clean:
 
 # The one GPU check on an offline node (docs/clusters.md "Offline GPU nodes", docs/performance.md "The GPU check").
 # Here, with internet: `make wheelhouse PY=3.12` and `make data` fill .whl/ and .data/ (ignored; carried to the
-# node with the repository). On the node: `make gpu-check GPU_BUDGET=7` installs the wheels the node's python3
-# lacks into GPU_SITE (its torch untouched) and prints one table last.
+# node with the repository). On the node: `make gpu-check GPU_BUDGET=7 [GPU_OUT=dir]` installs the wheels the node's
+# python3 lacks into GPU_SITE (its torch untouched) and prints one table last (also written to GPU_OUT).
 PY         ?= 3.12
 WHEELS     ?= .whl
 DATA_DIR   ?= .data
@@ -47,6 +47,7 @@ FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 GPU_SITE   ?= /tmp/site
 GPU_BUDGET ?= 7
 GPU_ARGS   ?=
+GPU_OUT    ?=
 HOST_PY    := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: wheelhouse data gpu-check
@@ -59,4 +60,5 @@ data:
 
 gpu-check:
 	python3 scripts/wheelhouse.py install --wheels $(WHEELS) --target $(GPU_SITE)
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) python3 bench/gpu_check.py --budget $(GPU_BUDGET) --data-root $(DATA_DIR) $(GPU_ARGS)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) python3 bench/gpu_check.py --budget $(GPU_BUDGET) --data-root $(DATA_DIR) \
+	    $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
