@@ -30,12 +30,15 @@ _share_the_cores()
 #: The longest work units (an xdist ``loadscope`` unit is a module, or a class inside one), longest first. ``make test``
 #: (``--no-loadscope-reorder``) hands units to the workers in collection order, so these start at once and the
 #: many short modules fill in around them; a long unit handed out last would finish alone on one core.
-#: Measured one worker at a time (``pytest -p no:xdist --durations=0``); unlisted units keep their file order.
+#: Each worker starts with two units (1st and 3rd to one, 2nd and 4th to the other): the 2-process units are
+#: 1st and 3rd, so the other worker is not running processes of its own meanwhile. Measured one worker at a time
+#: (``pytest -p no:xdist --durations=0``); unlisted units keep their file order.
 LONGEST_FIRST = (
     "tests/test_multi_process.py::TestDpdmRuns",
     "tests/test_eval_toy.py",
     "tests/test_multi_process.py::TestGpateRuns",
     "tests/test_efsgd_cli.py",
+    "tests/test_docs.py",
     "tests/test_eval_readings.py",
     "tests/test_secret_randomness.py",
     "tests/test_gpate_cli.py",
