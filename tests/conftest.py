@@ -37,16 +37,18 @@ LONGEST_FIRST = (
     "tests/test_multi_process.py::TestDpdmRuns",
     "tests/test_eval_toy.py",
     "tests/test_multi_process.py::TestGpateRuns",
-    "tests/test_efsgd_cli.py",
+    "tests/test_cli.py",  # builds the session's trained_run early, before the other modules that read it
+    "tests/test_multi_process.py",
     "tests/test_docs.py",
+    "tests/test_efsgd_cli.py",
     "tests/test_eval_readings.py",
     "tests/test_secret_randomness.py",
     "tests/test_gpate_cli.py",
     "tests/test_experiments.py",
+    "tests/test_notebooks.py",
     "tests/test_dpac_isolation.py",
     "tests/test_dpaf_cli.py",
     "tests/test_feta_model.py",
-    "tests/test_multi_process.py",
 )
 
 
