@@ -342,8 +342,9 @@ class TestGswganRun:
     """gswgan on 1 and 2 processes: a work unit of its own (``make test-slow``)."""
 
     # 40-50 s (three interpreters, each calibrating the noise). Outside ``make test``, which covers its parts faster:
-    # the sharded pre-training, the only stage the ranks split, bit for bit (test_sharded_pretraining_equals_the_
-    # single_process_one), and the pipeline's 2-process path, same ledger and weights, rank 0 alone writing (TestDpdmRuns).
+    # the sharded pre-training, the only stage the ranks split (dpgen/dpac/train.py), bit for bit
+    # (test_sharded_pretraining_equals_the_single_process_one), and the pipeline's 2-process path: the same ledger
+    # and weights, rank 0 alone writing (TestDpdmRuns, TestGpateRuns).
     @pytest.mark.slow
     def test_a_two_process_gswgan_run_releases_what_one_process_does(self, tmp_path):
         import json
