@@ -27,6 +27,72 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
+#: The longest work units (an xdist ``loadscope`` unit is a module, or a class inside one), longest first. ``make test``
+#: (``--no-loadscope-reorder``) hands units to the workers in collection order, so these start at once and the
+#: many short modules fill in around them; a long unit handed out last would finish alone on one core.
+#: Each worker starts with two units (1st and 3rd to one, 2nd and 4th to the other): the 2-process units are
+#: 1st and 3rd, so the other worker is not running processes of its own meanwhile. Measured one worker at a time
+#: (``pytest -p no:xdist --durations=0``); unlisted units keep their file order.
+LONGEST_FIRST = (
+    "tests/test_multi_process.py::TestDpdmRuns",
+    "tests/test_eval_toy.py",
+    "tests/test_multi_process.py::TestGpateRuns",
+    "tests/test_cli.py",  # builds the session's trained_run early, before the other modules that read it
+    "tests/test_multi_process.py",
+    "tests/test_docs.py",
+    "tests/test_efsgd_cli.py",
+    "tests/test_eval_readings.py",
+    "tests/test_secret_randomness.py",
+    "tests/test_gpate_cli.py",
+    "tests/test_experiments.py",
+    "tests/test_notebooks.py",
+    "tests/test_dpac_isolation.py",
+    "tests/test_dpaf_cli.py",
+    "tests/test_feta_model.py",
+)
+
+
+def _unit_rank(nodeid: str) -> int:
+    for i, unit in enumerate(LONGEST_FIRST):
+        if nodeid == unit or nodeid.startswith(unit + "::"):
+            return i
+    return len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under pytest-xdist only: the units of ``LONGEST_FIRST`` first (a stable sort: a unit's tests stay in order).
+    A plain ``pytest`` run keeps the file order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: _unit_rank(item.nodeid))
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--unmarked-limit", type=float, default=30.0, metavar="SECONDS",
+                     help="list the tests not marked slow that took longer than this (setup + call + teardown)")
+
+
+_seconds: dict[str, float] = {}
+_marked_slow: set[str] = set()
+
+
+def pytest_runtest_logreport(report) -> None:
+    # Under xdist the controller receives every worker's reports here, so the summary covers the whole run.
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _marked_slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """A test over ``--unmarked-limit`` that is not ``@pytest.mark.slow`` is reported, not failed: a timing under
+    load would make the suite flaky. ``make test`` must not list any on an idle machine."""
+    limit = config.getoption("unmarked_limit")
+    over = sorted(((s, n) for n, s in _seconds.items() if s > limit and n not in _marked_slow), reverse=True)
+    if over:
+        terminalreporter.write_sep("=", f"{len(over)} unmarked test(s) over {limit:g} s: make faster or mark slow "
+                                   "(covered by a faster test)", yellow=True)
+        for s, n in over:
+            terminalreporter.write_line(f"{s:8.2f}s {n}")
+
 # Small enough for CI, big enough to exercise every stage (training, checkpoint, release, eval).
 TINY = [
     "dpgan.iters=12", "dpgan.batch_size=64", "dpgan.g_width=8", "dpgan.d_width=8",

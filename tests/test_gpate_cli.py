@@ -44,7 +44,13 @@ def test_gpate_cli_run_writes_the_contract(tmp_path):
     assert metrics["training"]["teacher_agreement"] == pytest.approx(sum(logged) / 3, abs=1e-3)
 
 
-def test_gpate_bad_input_is_one_line(tmp_path):
-    res = run_script("train.py", "method=gpate", "dataset=digits", "gpate.teachers=5000", "progress=false",
-                     f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
-    assert res.returncode == 2 and "fewer than one record per teacher" in res.stderr
+def test_gpate_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    """train.py's checks before Hydra, in-process (tests/inprocess.py): the refusal comes before any directory."""
+    from inprocess import call, files_in, one_error
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPGEN_DATA", str(tmp_path / "data"))
+    code, _, err = call(capsys, "train", "method=gpate", "dataset=digits", "gpate.teachers=5000", "progress=false",
+                        f"hydra.run.dir={tmp_path}/run")
+    assert code == 2 and "fewer than one record per teacher" in one_error(code, err)
+    assert files_in(tmp_path) == {}

@@ -8,6 +8,21 @@ import pytest
 
 from conftest import run_script
 from dpgen.eval.mia import auc, gan_leaks_auc, nearest_distances
+from inprocess import script
+
+
+def _audit(capsys, monkeypatch, cwd, *args: str) -> tuple[int, str, str]:
+    """``scripts/audit_mia.py args`` in this process (``main``: what ``sys.exit(main())`` exits with): a bad input
+    is refused before any training, so the interpreter start-up a subprocess costs adds nothing to the test."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()  # compose() opens its own Hydra context
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("DPGEN_DATA", str(cwd / "data"))
+    capsys.readouterr()
+    code = script("audit_mia").main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_auc_perfect_reversed_and_ties():
@@ -67,6 +82,7 @@ def test_audit_script_end_to_end_on_digits(tmp_path):
 
 
 def test_audit_script_rejects_too_many_members(tmp_path):
+    """The one bad-input case run as a real process: its exit code is main()'s (the others call main in-process)."""
     res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--members", "5000",
                      "--out", str(tmp_path / "m"), cwd=tmp_path)
     assert res.returncode == 2 and "--members" in res.stderr
@@ -79,18 +95,19 @@ def test_audit_script_rejects_too_many_members(tmp_path):
     (["--baseline", "foo"], "--baseline"),
     (["--method", "gpate", "--baseline", "plain"], "dpaf only"),
 ])
-def test_audit_script_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
+def test_audit_script_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, args, needle):
     out = tmp_path / "m"
-    res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--out", str(out), *args, cwd=tmp_path)
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
-    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr[-2000:]
+    code, _, err = _audit(capsys, monkeypatch, tmp_path, "--method", "dpaf", "--dataset", "digits", "--out", str(out),
+                          *args)
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err[-2000:]
     assert not out.exists()
 
 
-def test_audit_script_never_reuses_an_existing_out_directory(tmp_path):
+def test_audit_script_never_reuses_an_existing_out_directory(tmp_path, capsys, monkeypatch):
     out = tmp_path / "m"
     out.mkdir()
     (out / "mia.json").write_text('{"keep": 1}')
-    res = run_script("audit_mia.py", "--method", "dpaf", "--dataset", "digits", "--out", str(out), cwd=tmp_path)
-    assert res.returncode == 2 and "already holds files" in res.stderr
+    code, _, err = _audit(capsys, monkeypatch, tmp_path, "--method", "dpaf", "--dataset", "digits", "--out", str(out))
+    assert code == 2 and "already holds files" in err
     assert (out / "mia.json").read_text() == '{"keep": 1}' and sorted(p.name for p in out.iterdir()) == ["mia.json"]
