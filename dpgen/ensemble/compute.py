@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from dpgen.core.precision import ensemble_compute, full_precision
 
-__all__ = ["to_compute", "conv2d_unfold", "BatchedConv", "member_forward", "compiled"]
+__all__ = ["to_compute", "conv2d_unfold", "BatchedConv", "member_forward", "teacher_forward", "compiled"]
 
 
 def to_compute(tree: Any, dtype: torch.dtype) -> Any:
@@ -94,6 +94,18 @@ def member_forward() -> Iterator[torch.dtype]:
         if settings.conv == "batched":
             stack.enter_context(BatchedConv())
         yield settings.dtype
+
+
+@contextmanager
+def teacher_forward() -> Iterator[None]:
+    """The context of G-PATE's stacked teachers' forward/backward: :class:`BatchedConv` under
+    ``ensemble.conv=batched``. Their grouped convolutions run outside vmap, so precision=bf16 reaches them through
+    autocast (which also keeps their normalisation statistics in fp32); no explicit cast here."""
+    if ensemble_compute().conv == "batched":
+        with BatchedConv():
+            yield
+    else:
+        yield
 
 
 _COMPILED: dict[Callable, Callable] = {}
