@@ -108,6 +108,9 @@ def teacher_forward() -> Iterator[None]:
         yield
 
 
+#: graphs one compiled ensemble function may hold (see :func:`compiled`)
+RECOMPILE_LIMIT = 64
+
 _COMPILED: dict[Callable, Callable] = {}
 
 
@@ -118,5 +121,11 @@ def compiled(fn: Callable) -> Callable:
         return fn
     out = _COMPILED.get(fn)
     if out is None:
+        # one function serves several losses and member counts (critic M=1, refresh, pre-training chunks, the
+        # classifier): each is one more graph of the same code, past dynamo's default limit of 8 (it would fall
+        # back to eager without an error)
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(int(getattr(config, name)), RECOMPILE_LIMIT))
         out = _COMPILED[fn] = torch.compile(fn, dynamic=False)
     return out
