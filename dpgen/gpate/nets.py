@@ -220,7 +220,7 @@ def _label_response(w_label: torch.Tensor, hh: int, ww: int, y: torch.Tensor) ->
     if y.dim() == 1:
         return resp[y]
     ho, wo = resp.shape[-2:]
-    resp = resp.reshape(k, n, c_out, ho, wo)  # reshape: a compiled conv may return other strides (compile=true)
+    resp = resp.view(k, n, c_out, ho, wo)
     return resp[y, torch.arange(n, device=y.device)[None, :]].reshape(y.shape[0], n * c_out, ho, wo)
 
 
