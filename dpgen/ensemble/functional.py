@@ -5,6 +5,10 @@ vectors (:mod:`dpgen.nets.spectral`). A training step gathers the selected membe
 gradient of its OWN loss with ``torch.func.vmap(torch.func.grad(...))`` and applies a per-member Adam update
 (:meth:`MemberStack.adam_rows_`), which equals K separate optimisers (tests/test_dpac_ensemble.py checks it against
 a per-member loop). The GS-WGAN authors ran one process per discriminator instead (official-code.md §1).
+
+The run's ``precision``, ``compile`` and ``ensemble.conv`` reach the members' step through
+:mod:`dpgen.ensemble.compute`: bf16 by explicit casts inside the vmapped loss (fp32 master weights, gradients and
+Adam), the gradient function and the Adam update compiled, the convolutions grouped or unfold + bmm.
 """
 from __future__ import annotations
 

@@ -9,7 +9,10 @@ one GPU, or a 2-core CPU) the teacher axis is processed in chunks of ``chunk`` t
 chunks, never over teachers.  The stacked parameters are allocated and initialised in place directly on
 the target device (no CPU copy of the ensemble, no temporaries).  Adam is elementwise, so one Adam over the
 stacked tensors equals n independent Adams (official: lr 1e-3, β1 0.5); it runs as torch's
-fused Adam over each chunk's slices.
+fused Adam over each chunk's slices.  ``compile=true`` compiles a chunk's loss (:meth:`TeacherEnsemble.chunk_loss`,
+forward and backward) and ``ensemble.conv=batched`` runs the grouped convolutions as unfold + matmul
+(:mod:`dpgen.ensemble.compute`); under ``precision=bf16`` autocast reaches the grouped convolutions (no vmap here),
+and the losses and the image gradients handed to the aggregation are fp32.
 """
 from __future__ import annotations
 
