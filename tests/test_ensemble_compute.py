@@ -226,3 +226,38 @@ def test_compiled_teacher_step_equals_eager_without_graph_breaks():
     for name in e0.params:  # after 20 Adam steps: relative to the parameters' size
         assert float((e1.params[name] - e0.params[name]).norm() / e0.params[name].norm()) < 1e-5, name
     assert torch.equal(e1.t, e0.t)
+
+
+# ---- the config keys, through the pipeline --------------------------------------------------------------------
+
+def test_the_pipeline_applies_precision_compile_and_ensemble_conv(tmp_path, monkeypatch, one_torch_thread):
+    """``precision=bf16 compile=true ensemble.conv=batched`` in the config reach a gswgan run's members' steps
+    (the schema accepts all three for an ensemble method), and the defaults leave the run fp32, eager, grouped.
+    torch.compile is replaced by a recorder here: the compiled path itself is checked above."""
+    from tiny import compose_cfg
+
+    import dpgen.ensemble.compute as compute
+    import dpgen.ensemble.functional as functional
+    from dpgen.core.pipeline import run_training
+
+    monkeypatch.chdir(tmp_path)
+    seen, wrapped = [], []
+    orig_adam = functional._adam_rows
+
+    def _adam_rows(*a, **kw):  # every members' step of the ensembles ends here
+        seen.append(ensemble_compute())
+        return orig_adam(*a, **kw)
+
+    monkeypatch.setattr(functional, "_adam_rows", _adam_rows)
+    monkeypatch.setattr(compute.torch, "compile", lambda fn, **kw: wrapped.append(fn) or fn)
+    monkeypatch.setattr(compute, "_COMPILED", {})
+    for name, extra in (("default", []), ("fast", ["precision=bf16", "compile=true", "ensemble.conv=batched"])):
+        seen.clear()
+        cfg = compose_cfg("gswgan", *extra, "privacy.noise_seed=7", "tensorboard=false", "progress=false",
+                          "threads=1", "samples_per_class=1", f"data_root={tmp_path / 'data'}")
+        run_training(cfg, tmp_path / name, evaluate=False)
+        assert seen, "no members' step ran"
+        want = (torch.bfloat16, True, "batched") if extra else (torch.float32, False, "grouped")
+        assert {(s.dtype, s.compile, s.conv) for s in seen} == {want}
+    assert ensemble_compute() == type(seen[0])(), "the settings end with the training"
+    assert {f.__name__ for f in wrapped} == {"_member_grads", "_adam_rows"}
