@@ -184,7 +184,8 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
     t0 = time.time()
     try:
         # training only: the released generator is sampled and evaluated below, in fp32
-        with training_precision(str(cfg.precision), device, bool(cfg.cudnn_benchmark)):
+        with training_precision(str(cfg.precision), device, bool(cfg.cudnn_benchmark), bool(cfg.get("compile", False)),
+                                str(cfg.get("ensemble", {}).get("conv", "grouped"))):
             gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
     finally:
         run.close()

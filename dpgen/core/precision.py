@@ -18,6 +18,12 @@ clipping factors and clipped sums, the Gaussian noise, the sanitizers' releases 
 What is only *fed* to the clipping (a per-sample gradient computed by a bf16 forward/backward) may be
 bf16: clipping bounds whatever vector it is given, so its precision is a matter of utility, not privacy.
 
+The stacked ensembles (:mod:`dpgen.ensemble`: the GS-WGAN/DPAC/EFSGD discriminators, classifier, encoders
+and warm-up generators) run their members under ``torch.func.vmap``, which autocast does not reach. Under
+``bf16`` they cast their members' weights and inputs to bf16 explicitly inside the functional forward
+(:func:`ensemble_compute` says in which dtype, and whether to compile and how to lay out convolutions); their
+master weights, gradients and Adam moments stay fp32 (the casts' backward returns fp32 gradients).
+
 Autocast runs with ``cache_enabled=False``: its cache of bf16 weight copies lives until the outermost
 autocast region ends, and here that region spans every optimizer step, so a cached copy would be stale after
 the first update.
@@ -26,25 +32,67 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack, contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
 
 from dpgen.errors import DpgenError
 
-__all__ = ["PRECISIONS", "BF16_METHODS", "training_precision", "full_precision", "at_least_fp32", "noise_dtype",
-           "autocast_enabled"]
+__all__ = ["PRECISIONS", "BF16_METHODS", "ENSEMBLE_CONVS", "EnsembleCompute", "training_precision", "full_precision",
+           "at_least_fp32", "noise_dtype", "autocast_enabled", "ensemble_compute", "ensemble_settings"]
 
 log = logging.getLogger("dpgen")
 
 #: the values of ``precision`` (the schema's choices)
 PRECISIONS = ("fp32", "tf32", "bf16")
 
-#: the methods whose training runs under bf16 autocast (each trains under it in tests/test_precision.py); the
-#: schema refuses precision=bf16 for the others. The ensemble methods (gswgan, dpac, efsgd) run their members'
-#: convolutions under torch.func's vmap, where autocast does not cast, so bf16 activations meet fp32 weights;
-#: gpate's batch norm updates its fp32 running statistics in place from the bf16 batch.
-BF16_METHODS = ("dpgan", "dpaf", "feta", "dpdm", "gpate")
+#: the methods that train under precision=bf16 (each trains under it in tests/test_precision.py); the schema
+#: refuses precision=bf16 for any other. The ensemble methods (gswgan, dpac, efsgd) run their vmapped members
+#: in bf16 by explicit casts (autocast does not reach inside vmap; :func:`ensemble_compute`); gpate's stacked
+#: teachers are grouped convolutions outside vmap, which autocast lowers; its batch norm keeps fp32 statistics.
+BF16_METHODS = ("dpgan", "gswgan", "dpac", "efsgd", "gpate", "dpaf", "feta", "dpdm")
+
+#: the values of ``ensemble.conv``: the members' convolutions as grouped convolutions (torch's vmap rule for
+#: conv2d; G-PATE's stacked teachers) or as one batched matrix product per layer (unfold + bmm)
+ENSEMBLE_CONVS = ("grouped", "batched")
+
+
+@dataclass(frozen=True)
+class EnsembleCompute:
+    """How the stacked ensembles compute their members' steps (:mod:`dpgen.ensemble`).
+
+    ``dtype``: the members' forward/backward dtype (bf16 under precision=bf16, else fp32); weights, inputs and
+    spectral-norm vectors are cast to it inside the functional forward, the master weights, their gradients and
+    Adam's state stay fp32. ``compile``: torch.compile the members' step (``compile=true``). ``conv``: one of
+    :data:`ENSEMBLE_CONVS`.
+    """
+
+    dtype: torch.dtype = torch.float32
+    compile: bool = False
+    conv: str = "grouped"
+
+
+_ENSEMBLE: ContextVar[EnsembleCompute] = ContextVar("dpgen_ensemble_compute", default=EnsembleCompute())
+
+
+def ensemble_compute() -> EnsembleCompute:
+    """The stacked ensembles' settings in effect (fp32, eager, grouped outside :func:`training_precision`)."""
+    return _ENSEMBLE.get()
+
+
+@contextmanager
+def ensemble_settings(**changes: object) -> Iterator[EnsembleCompute]:
+    """:func:`ensemble_compute` with ``changes`` (fields of :class:`EnsembleCompute`) for the duration."""
+    settings = replace(_ENSEMBLE.get(), **changes)  # type: ignore[arg-type]
+    if settings.conv not in ENSEMBLE_CONVS:
+        raise ValueError(f"ensemble.conv must be one of {', '.join(ENSEMBLE_CONVS)}, got {settings.conv!r}")
+    token = _ENSEMBLE.set(settings)
+    try:
+        yield settings
+    finally:
+        _ENSEMBLE.reset(token)
 
 #: device types autocast may be on for (dpgen runs on cpu or cuda)
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -100,9 +148,12 @@ def _set_tf32_state(state: tuple[bool, bool, str]) -> None:
 
 
 @contextmanager
-def training_precision(precision: str, device: torch.device | str, cudnn_benchmark: bool = False) -> Iterator[None]:
+def training_precision(precision: str, device: torch.device | str, cudnn_benchmark: bool = False,
+                       compile: bool = False, ensemble_conv: str = "grouped") -> Iterator[None]:
     """The run's ``precision`` and ``cudnn_benchmark`` for the duration (see the module docstring); the
     global flags it sets are restored on exit, so evaluation after training runs in torch's defaults.
+    ``compile`` and ``ensemble_conv`` (``compile``, ``ensemble.conv``) set :func:`ensemble_compute` with the
+    precision's ensemble dtype.
 
     ``device`` picks autocast's device type under ``bf16`` (cpu or cuda; bf16 autocast works on both).
     ``cudnn_benchmark`` lets cuDNN time its convolution algorithms for each new shape and keep the fastest:
@@ -127,7 +178,8 @@ def training_precision(precision: str, device: torch.device | str, cudnn_benchma
                          precision, dev_type)
         autocast = (torch.autocast(dev_type, dtype=torch.bfloat16, cache_enabled=False) if precision == "bf16"
                     else nullcontext())
-        with autocast:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        with autocast, ensemble_settings(dtype=dtype, compile=bool(compile), conv=str(ensemble_conv)):
             yield
     finally:
         if saved_tf32 is not None:

@@ -41,7 +41,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
                                spec)
 from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
-from dpgen.core.precision import BF16_METHODS, PRECISIONS
+from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, PRECISIONS
 from dpgen.errors import DpgenError
 
 
@@ -173,6 +173,13 @@ class DebugSchema:
     stop_after: Optional[int] = spec(None, ge=1)   # simulate a crash after this many steps (tests resume)
 
 
+@dataclass
+class EnsembleSchema:
+    """How the stacked ensembles (gswgan/dpac/efsgd discriminators, classifier, encoders; gpate teachers) lay out
+    their members' convolutions: grouped convolutions or unfold + one batched matmul (dpgen/ensemble/compute.py)."""
+    conv: str = spec("grouped", choices=ENSEMBLE_CONVS)
+
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -219,6 +226,8 @@ class TrainSchema:
     #: the training's arithmetic (dpgen/core/precision.py); the DP path (clipping, noise) stays fp32 under each
     precision: str = spec(choices=PRECISIONS)
     cudnn_benchmark: bool = spec()   # cuDNN picks convolution algorithms by timing them (GPU runs not bit-exact)
+    compile: bool = False
+    ensemble: EnsembleSchema = nested(EnsembleSchema)
     debug: DebugSchema = nested(DebugSchema)
     audit: Optional[AuditSchema] = None  # set by configs/audit.yaml (scripts/audit.py) only
     # one hyperparameter block per method family (only the selected method's block is set)

@@ -5,6 +5,10 @@ vectors (:mod:`dpgen.nets.spectral`). A training step gathers the selected membe
 gradient of its OWN loss with ``torch.func.vmap(torch.func.grad(...))`` and applies a per-member Adam update
 (:meth:`MemberStack.adam_rows_`), which equals K separate optimisers (tests/test_dpac_ensemble.py checks it against
 a per-member loop). The GS-WGAN authors ran one process per discriminator instead (official-code.md §1).
+
+The run's ``precision``, ``compile`` and ``ensemble.conv`` reach the members' step through
+:mod:`dpgen.ensemble.compute`: bf16 by explicit casts inside the vmapped loss (fp32 master weights, gradients and
+Adam), the gradient function and the Adam update compiled, the convolutions grouped or unfold + bmm.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Callable
 import torch
 from torch.func import grad, vmap
 
+from dpgen.ensemble.compute import compiled, member_forward, to_compute
 from dpgen.ensemble.stack import MemberStack, Params
 from dpgen.nets.spectral import power_iteration
 
@@ -52,31 +57,48 @@ class NetStack(MemberStack):
         self.__dict__.update(fresh.__dict__)
 
 
+def _member_grads(loss: Forward, dtype: torch.dtype, p: Params, u: Params,
+                  *inputs: torch.Tensor) -> tuple[Params, torch.Tensor]:
+    """Every member's gradient of its own loss (``vmap(grad(...))``) and the M losses, computed in ``dtype``:
+    weights, vectors and float inputs cast inside the vmapped function, so the gradients w.r.t. the fp32
+    master weights come back in fp32 (:mod:`dpgen.ensemble.compute`)."""
+    def loss_and_aux(pp, uu, *xs):
+        value = loss(to_compute(pp, dtype), to_compute(uu, dtype), *to_compute(xs, dtype)).float()
+        return value, value.detach()
+
+    return vmap(grad(loss_and_aux, has_aux=True))(p, u, *inputs)
+
+
 def functional_step(stack: NetStack, loss: Forward, members: torch.Tensor, *inputs: torch.Tensor,
                     lr: float, betas: tuple[float, float]) -> torch.Tensor:
     """One optimiser step of every selected member on its own inputs (leading member dim [M, ...]).
 
     One power iteration refreshes the members' spectral-norm vectors (as a training forward of torch's
-    spectral_norm); each member's gradient is ``torch.func.grad`` of its own loss, batched over members with
-    ``vmap``; then per-member Adam. Returns the M losses.
+    spectral_norm; fp32, on the master weights); each member's gradient is ``torch.func.grad`` of its own loss,
+    batched over members with ``vmap``, in the run's ensemble dtype and convolution layout
+    (:func:`dpgen.core.precision.ensemble_compute`); then per-member Adam in fp32. Under ``compile=true`` the
+    gradient function and the Adam update run compiled. Returns the M losses (fp32).
     """
     p, u = stack.gather(members)
     u = vmap(power_iteration)(p, u)
     for n in u:
         stack.u[n][members] = u[n]
-
-    def loss_and_aux(pp, uu, *xs):
-        value = loss(pp, uu, *xs)
-        return value, value.detach()
-
-    grads, losses = vmap(grad(loss_and_aux, has_aux=True))(p, u, *inputs)
-    stack.adam_step(members, grads, lr, betas)
+    with member_forward() as dtype:
+        grads, losses = compiled(_member_grads)(loss, dtype, p, u, *inputs)
+    compiled(_adam_rows)(stack, members, grads, lr, betas)
     return losses
+
+
+def _adam_rows(stack: NetStack, members: torch.Tensor, grads: Params, lr: float, betas: tuple[float, float]) -> None:
+    stack.adam_step(members, grads, lr, betas)
 
 
 def batched_forward(stack: NetStack, fwd: Forward, members: torch.Tensor, x: torch.Tensor,
                     y: torch.Tensor) -> torch.Tensor:
-    """Outputs [M, B] of the selected members on their own inputs [M, B, ...]; differentiable w.r.t. x only."""
+    """Outputs [M, B] (fp32) of the selected members on their own inputs [M, B, ...]; differentiable w.r.t. x
+    only, whose gradient comes back in x's dtype (fp32 for fp32 images) whatever the ensemble dtype."""
     p, u = stack.gather(members)
     p = {n: t.detach() for n, t in p.items()}
-    return vmap(fwd)(p, u, x, y)
+    with member_forward() as dtype:
+        return vmap(lambda pp, uu, xx, yy: fwd(to_compute(pp, dtype), to_compute(uu, dtype),
+                                               to_compute(xx, dtype), yy).float())(p, u, x, y)

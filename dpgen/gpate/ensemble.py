@@ -9,7 +9,10 @@ one GPU, or a 2-core CPU) the teacher axis is processed in chunks of ``chunk`` t
 chunks, never over teachers.  The stacked parameters are allocated and initialised in place directly on
 the target device (no CPU copy of the ensemble, no temporaries).  Adam is elementwise, so one Adam over the
 stacked tensors equals n independent Adams (official: lr 1e-3, β1 0.5); it runs as torch's
-fused Adam over each chunk's slices.
+fused Adam over each chunk's slices.  ``compile=true`` compiles a chunk's loss (:meth:`TeacherEnsemble.chunk_loss`,
+forward and backward) and ``ensemble.conv=batched`` runs the grouped convolutions as unfold + matmul
+(:mod:`dpgen.ensemble.compute`); under ``precision=bf16`` autocast reaches the grouped convolutions (no vmap here),
+and the losses and the image gradients handed to the aggregation are fp32.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from torch.func import functional_call, vmap
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.data.partition import record_owners
 from dpgen.ensemble import MemberStack
+from dpgen.ensemble.compute import compiled, teacher_forward
 from dpgen.privacy.randomness import derive_seed
 
 #: (x_real, y_real, w_real, x_fake, y_fake) of a chunk of teachers, see :meth:`TeacherEnsemble.train_step`
@@ -114,18 +118,25 @@ class TeacherEnsemble(MemberStack):
         total = torch.zeros((), device=self.device)
         for a, b in self.blocks(self.chunk):
             x_real, y_real, w, x_fake, y_fake = batch(a, b)
-            shared = x_fake.dim() == x_real.dim() - 1
             p = self.block(a, b, grad=True)
-            lr_ = self.forward(p, x_real, y_real, shared_input=False)
-            lf = self.forward(p, x_fake, y_fake, shared_input=shared)
-            loss_r = (F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none") * w).sum(1) \
-                / w.sum(1).clamp_min(1.0)
-            loss_f = F.binary_cross_entropy_with_logits(lf, torch.zeros_like(lf), reduction="none").mean(1)
-            loss = loss_r + loss_f  # (n_chunk,): teacher i's loss depends on its own parameters only
-            grads = torch.autograd.grad(loss.sum(), list(p.values()))
-            self.adam_block_(a, b, list(grads), self.lr, self.betas)
+            with teacher_forward():  # ensemble.conv; compile=true: the loss and its backward compiled
+                loss = compiled(self.chunk_loss)(p, x_real, y_real, w, x_fake, y_fake)
+                grads = torch.autograd.grad(loss.sum(), list(p.values()))
+            self.adam_block_(a, b, list(grads), self.lr, self.betas)  # torch's fused Adam: one kernel per group
             total = total + loss.detach().sum()
         return total / self.n
+
+    def chunk_loss(self, p: dict[str, torch.Tensor], x_real: torch.Tensor, y_real: torch.Tensor, w: torch.Tensor,
+                   x_fake: torch.Tensor, y_fake: torch.Tensor) -> torch.Tensor:
+        """(n_chunk,) losses BCE(D_i(real_i), 1) + BCE(D_i(fake_i), 0) of a chunk (see :meth:`train_step`);
+        teacher i's loss depends on its own parameters only. Fp32 whatever the forward's dtype."""
+        shared = x_fake.dim() == x_real.dim() - 1
+        lr_ = self.forward(p, x_real, y_real, shared_input=False).float()
+        lf = self.forward(p, x_fake, y_fake, shared_input=shared).float()
+        loss_r = (F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none") * w).sum(1) \
+            / w.sum(1).clamp_min(1.0)
+        loss_f = F.binary_cross_entropy_with_logits(lf, torch.zeros_like(lf), reduction="none").mean(1)
+        return loss_r + loss_f
 
     @staticmethod
     def fixed_batch(x_real: torch.Tensor, y_real: torch.Tensor, w_real: torch.Tensor, x_fake: torch.Tensor,
@@ -150,10 +161,11 @@ class TeacherEnsemble(MemberStack):
         for a, b in self.blocks(self.chunk):
             p = self.block(a, b)
             xr = x.detach().unsqueeze(0).expand(b - a, *x.shape).clone().requires_grad_(True)
-            logits = self.forward(p, xr, y.unsqueeze(0).expand(b - a, -1), shared_input=False)
-            loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="sum") / m
-            (g,) = torch.autograd.grad(loss, xr)
-            yield a, b, -g
+            with teacher_forward():
+                logits = self.forward(p, xr, y.unsqueeze(0).expand(b - a, -1), shared_input=False).float()
+                loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="sum") / m
+                (g,) = torch.autograd.grad(loss, xr)
+            yield a, b, -g.float()  # the votes' inputs: fp32 whatever the forward's dtype
 
     # ---- reference loop (tests and benchmark only) -------------------------------------
     def teacher_params(self, i: int) -> dict[str, torch.Tensor]:

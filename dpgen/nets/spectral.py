@@ -40,5 +40,6 @@ def sn_weight(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """w / σ̂(w), σ̂ = uᵀ W v from the current estimate u (not differentiated through u or v)."""
     wm = w.reshape(w.shape[0], -1)
     v = F.normalize(wm.t() @ u, dim=0, eps=1e-12).detach()
-    sigma = torch.dot(u.detach(), wm @ v)
+    wv = wm @ v  # bf16 under autocast (the private generator step); the dot needs u in its dtype
+    sigma = torch.dot(u.detach().to(wv.dtype), wv)
     return w / sigma
