@@ -161,8 +161,9 @@ def test_dpgan_generator_loss_compiled_equals_eager(one_torch_thread):
     comp = GeneratorLoss(tr.generator_loss_at)(g2, d, z, y, 0.02)
     comp.backward()
     assert _rel(comp, eager) < RTOL
-    for a, b in zip(g2.parameters(), g.parameters()):
-        assert _rel(a.grad, b.grad) < 1e-4  # a backward through batch norm: fp32 sums in another order
+    flat = [torch.cat([p.grad.flatten() for p in net.parameters()]) for net in (g2, g)]
+    assert _rel(*flat) < 1e-4  # a backward through batch norm: fp32 sums in another order (biases before a
+    # batch norm have a zero gradient, ~1e-11 of rounding each, so they are compared within the whole vector)
 
 
 @pytest.mark.slow
@@ -241,18 +242,21 @@ def test_recompilations_are_bounded_over_20_poisson_steps():
 # ---- a whole run: the ledger and the release ----------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # dpdm: compiling the 28-px UNet's vmap(grad) takes minutes on a loaded CPU
 @pytest.mark.parametrize("method", ["dpgan", "dpdm"])
 def test_a_compiled_run_has_the_ledger_and_the_release_of_eager(tmp_path, method):
     """Same secret streams (noise_seed): the compiled run's ledger is the eager one's (padding adds nothing to
-    it), and its released weights equal eager's within fp32 tolerance."""
+    it), and its released generator draws the eager one's samples within 1e-3. Not the weights: a bias before a
+    normalisation layer has a zero gradient up to rounding (~1e-11), which Adam turns into +/- lr steps in
+    either direction, so such weights drift apart while the function they compute does not."""
     gens, ledgers = [], []
     extra = ("dpgan.iters=3",) if method == "dpgan" else ()
     for compile_ in (False, True):
         with compiling(compile_):
             gen, ledger, _ = train_in_memory(method, tmp_path / str(compile_), *extra, noise_seed=5)
-        gens.append(gen)
+        gens.append(gen.eval())
         ledgers.append([e.to_dict() for e in ledger.entries])
-    assert ledgers[0] == ledgers[1]
-    for a, b in zip(gens[1].state_dict().values(), gens[0].state_dict().values()):
-        if a.is_floating_point():
-            assert _rel(a, b) < 1e-4  # a few Adam steps: fp32 rounding of two summation orders, amplified
+    assert ledgers[0] == ledgers[1] and ledgers[0]
+    labels = torch.arange(10) % gens[0].num_classes
+    x_e, x_c = (g.generate(labels, torch.Generator().manual_seed(0)) for g in gens)
+    assert _rel(x_c, x_e) < 1e-3

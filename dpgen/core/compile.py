@@ -83,6 +83,6 @@ def bucket_size(rows: int, cap: int | None = None, fine: bool = True) -> int:
     if rows < 0:
         raise ValueError(f"rows must be >= 0, got {rows}")
     size = next(b for b in BUCKETS if b >= rows and (fine or b & (b - 1) == 0))
-    if cap is not None and rows <= int(cap) < size:
+    if cap is not None and rows <= int(cap) < size:  # rows <= cap: the cap holds them (else the bucket does)
         size = int(cap)
-    return max(size, rows)
+    return size

@@ -127,7 +127,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     g_loss = GeneratorLoss(generator_loss_at) if compiled else None
     compiled_d = {"per_sample": per_sample} if compiled else {}  # eager: the call of before (spied by tests)
     if compiled:
-        d_net.disable_hooks()  # the per-sample gradients come from PerSampleD
+        d_net.remove_hooks()  # the per-sample gradients come from PerSampleD (torch.func refuses opacus' hooks)
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("dpgan: q=%.5f sigma=%.4f clip=%g, %d discriminator steps allowed", q, sigma, hp.clip, guard.remaining)
 
