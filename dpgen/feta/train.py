@@ -162,7 +162,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
 
     micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev)
     # compile=true: the micro-batch's per-record gradients and clipped sum, compiled (dpgen/core/compile.py)
-    step_fn = MicroStep(model.net, float(hp.clip), compile_enabled()) if gsm is None else None
+    compiled = {"step": MicroStep(model.net, float(hp.clip), True)} if compile_enabled() and gsm is None else {}
+    if compile_enabled() and gsm is not None:
+        log.warning("compile=true: feta.grad_backend=opacus runs eagerly (torch.compile cannot trace opacus' hooks)")
 
     def loss_fn(xr: torch.Tensor, yr: torch.Tensor) -> torch.Tensor:
         return edm_loss(gsm, xr, yr, gens["loss"])
@@ -176,7 +178,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         yb = drop_labels(y_all[idx], drop, null, gens["loss"])
         if gsm is None:
             sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),
-                                               micro, gens["loss"], run.dist, step=step_fn)
+                                               micro, gens["loss"], run.dist, **compiled)
         else:
             sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), micro)
         if canaries is not None:
