@@ -260,3 +260,10 @@ def test_a_compiled_run_has_the_ledger_and_the_release_of_eager(tmp_path, method
     labels = torch.arange(10) % gens[0].num_classes
     x_e, x_c = (g.generate(labels, torch.Generator().manual_seed(0)) for g in gens)
     assert _rel(x_c, x_e) < 1e-3
+
+
+def test_sample_script_takes_compile_true_or_false(tmp_path):
+    from conftest import run_script
+
+    res = run_script("sample.py", "run=nowhere", "n=3", "out=o.npz", "compile=maybe", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "compile='maybe' is invalid; expected true or false" in res.stderr
