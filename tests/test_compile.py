@@ -206,6 +206,10 @@ def test_no_graph_break_inside_the_hot_steps():
     assert torch._dynamo.explain(tr.generator_loss_at)(g, d, z, yz, 0.02).graph_break_count == 0
     step = MicroStep(_unet(), clip=0.01)
     assert torch._dynamo.explain(step._sum)(torch.ones(4), *_feta_batch(4, 2)).graph_break_count == 0
+    from dpgen.core.precision import training_precision
+
+    with training_precision("bf16", torch.device("cpu"), False):  # autocast off around the clipping: no break
+        assert torch._dynamo.explain(step._sum)(torch.ones(4), *_feta_batch(4, 2)).graph_break_count == 0
 
 
 # ---- recompilations are bounded over 20 Poisson steps ---------------------------------------------------------------

@@ -16,6 +16,7 @@ stream) once to the same total: the noise is added once, as opacus' DistributedD
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,7 +25,7 @@ from opacus import GradSampleModule
 
 from dpgen.core.compile import bucket_size, maybe_compile
 from dpgen.core.dist import SINGLE, Dist
-from dpgen.core.precision import full_precision
+from dpgen.core.precision import autocast_enabled
 from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.per_sample import pad_rows, per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
@@ -72,7 +73,7 @@ class MicroStep:
     """One micro-batch of :func:`clipped_grad_sum_func`: Σ_i w_i·clip(mean_k ∇ℓ_ik, C) and Σ_i w_i·ℓ_i, the hot step
     ``compile=true`` compiles (:mod:`dpgen.core.compile`).
 
-    Compiled, the micro-batch is padded to a bucket (:func:`bucket_size`, never smaller than the micro-batch) with
+    Compiled, the micro-batch is padded to a bucket (:func:`bucket_size`, never fewer rows than the micro-batch has) with
     copies of its first record of weight w = 0: a padded row's clipping factor is multiplied by 0, so it adds
     exactly zero to the clipped sum (its gradient is a real record's, hence finite), and the ledger never sees it
     (it counts steps, not rows). Eager, the rows are used as they are (w = 1), as before.
@@ -145,8 +146,9 @@ def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: f
 
     In the accumulators' dtype (fp32) with autocast off: under ``precision=bf16`` autocast would run the
     einsum in bf16, and per-record gradients may arrive in bf16 (opacus' hooks); a bf16 norm or clipped sum
-    can exceed C by 2^-8 relative (:mod:`dpgen.core.precision`)."""
-    with full_precision():
+    can exceed C by 2^-8 relative (:mod:`dpgen.core.precision`). Autocast is turned off by plain ``with`` blocks
+    (what :func:`~dpgen.core.precision.full_precision` does with an ExitStack, which torch.compile cannot trace)."""
+    with _autocast_off("cpu"), _autocast_off("cuda"):
         per_record = [g.to(a.dtype) for a, g in zip(acc, per_record)]
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
         factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
@@ -154,6 +156,11 @@ def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: f
             factor = factor * weight.to(factor.dtype)  # padded rows: factor 0, their (finite) rows add exactly 0
         for a, g in zip(acc, per_record):
             a.add_(torch.einsum("i,i...->...", factor, g))
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off for ``device_type`` if it is on (:func:`full_precision` for one device type), else nothing."""
+    return torch.autocast(device_type, enabled=False) if autocast_enabled(device_type) else contextlib.nullcontext()
 
 
 def canary_sum(canaries: "DpsgdCanaries", clip: float) -> torch.Tensor:
