@@ -75,9 +75,12 @@ def test_the_switch_is_off_by_default_and_scoped():
 def test_compile_is_a_top_level_bool_defaulting_to_false():
     assert compose_cfg("dpgan").compile is False
     assert compose_cfg("feta", "compile=true").compile is True
-    from dpgen.core.schema import LATER_KEYS
+    from dpgen.core.schema import LATER_KEYS, Facts, check_config
 
     assert LATER_KEYS["compile"] is False  # runs saved before the key read as eager
+    check_config(compose_cfg("feta", "compile=true", "feta.micro_batch=null"), Facts())  # null: sized by memory
+    with pytest.raises(Exception, match="compile=maybe"):
+        compose_cfg("dpgan", "compile=maybe")
 
 
 def test_a_bucket_is_never_smaller_than_the_batch_and_the_buckets_are_few():
