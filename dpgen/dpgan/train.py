@@ -36,7 +36,8 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> f
 
 
 def discriminator_step(d_net: GradSampleModule, opt_d: DPSGDOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
-                       x_fake: torch.Tensor, y_fake: torch.Tensor, per_sample: PerSampleD | None = None) -> torch.Tensor:
+                       x_fake: torch.Tensor, y_fake: torch.Tensor,
+                       per_sample: PerSampleD | None = None) -> torch.Tensor:
     """One DP-SGD step of D (Abadi et al. 2016, Alg. 1 lines 5–9) on real + fake rows.
 
     Real rows come from a Poisson batch; the fake rows have a fixed, data-independent count,

@@ -70,11 +70,11 @@ def _record_loss(call, xr, yr, sr, nr):
 
 
 class MicroStep:
-    """One micro-batch of :func:`clipped_grad_sum_func`: Σ_i w_i·clip(mean_k ∇ℓ_ik, C) and Σ_i w_i·ℓ_i, the hot step
-    ``compile=true`` compiles (:mod:`dpgen.core.compile`).
+    """One micro-batch of :func:`clipped_grad_sum_func`: Σ_i w_i·clip(mean_k ∇ℓ_ik, C) and Σ_i w_i·ℓ_i, the hot
+    step ``compile=true`` compiles (:mod:`dpgen.core.compile`).
 
-    Compiled, the micro-batch is padded to a bucket (:func:`bucket_size`, never fewer rows than the micro-batch has) with
-    copies of its first record of weight w = 0: a padded row's clipping factor is multiplied by 0, so it adds
+    Compiled, the micro-batch is padded to a bucket (:func:`bucket_size`, never fewer rows than the micro-batch
+    has) with copies of its first record of weight w = 0: a padded row's clipping factor is multiplied by 0, so it adds
     exactly zero to the clipped sum (its gradient is a real record's, hence finite), and the ledger never sees it
     (it counts steps, not rows). Eager, the rows are used as they are (w = 1), as before.
     """
@@ -100,7 +100,8 @@ class MicroStep:
 
 def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, multiplicity: int,
                           clip: float, micro_batch: int, generator: torch.Generator,
-                          dist: Dist = SINGLE, step: MicroStep | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                          dist: Dist = SINGLE,
+                          step: MicroStep | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
 
     The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
@@ -195,7 +196,8 @@ def micro_batch_for(denoiser: torch.nn.Module, micro_batch: int | None, multipli
     from dpgen.privacy.micro_batch import auto_micro_batch, record_footprint
 
     def example(dev: torch.device) -> tuple[torch.Tensor, ...]:
-        return (torch.zeros(1, *shape, device=dev), torch.ones(1, device=dev), torch.zeros(1, dtype=torch.long, device=dev))
+        return (torch.zeros(1, *shape, device=dev), torch.ones(1, device=dev),
+                torch.zeros(1, dtype=torch.long, device=dev))
 
     footprint = record_footprint(denoiser, example, int(multiplicity))
     return auto_micro_batch(footprint, device, int(expected_batch))
