@@ -9,11 +9,17 @@ Backends for the per-sample gradients:
   hooks      opacus GradSampleModule, grad_sample_mode="hooks" (what the methods use today)
   functorch  opacus GradSampleModule with force_functorch=True (opacus' grad_sample_mode="functorch")
   torch.func vmap(grad(per-sample loss)) over torch.func.functional_call
+  compiled   torch.func's per-sample gradients, norms, clipping and clipped sum in one torch.compile'd function
+             (inductor; what ``compile=true`` runs: dpgen.feta.dpsgd.MicroStep, dpgen.dpgan.compiled.PerSampleD)
 Every private step does the same clipping (per-sample norm over all trained parameters), summing,
 Gaussian noise and optimizer step, so the ratios differ only by how per-sample gradients are obtained.
-All variants of a network run in this process, on the same weights and batch, interleaved rep by rep.
+With ``--compile`` the non-private step is compiled too (its forward and backward: ``compile=true``'s
+non-private counterpart) and a second ratio, compiled private / compiled non-private, is printed.
+All variants of a network run in this process, on the same weights and batch, interleaved rep by rep, so a
+loaded machine slows them alike (the ratios are meaningful under load, the milliseconds are not).
 
-    OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--batch 64] [--reps 5] [--threads 1] [--nets dpgan_D,feta_unet]
+    OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
+        [--threads 1] [--nets dpgan_D,feta_unet]
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.nets.unet import UNet
 
 BACKENDS = ("hooks", "functorch", "torch.func")
+COMPILED = ("compiled",)
 K, SHAPE = 10, [1, 28, 28]
 
 
@@ -72,7 +79,7 @@ class VmapDpafNet(DpafNet):
 
 def dpaf_c(batch: int, width: int):
     def loss(net, x, y):  # sound phase 1: per-sample MSE of the class-proportion output to the one-hot label
-        return ((net.score(net.features(x)).softmax(1) - torch.eye(K)[y]) ** 2).sum(1)
+        return ((net.score(net.features(x)).softmax(1) - torch.eye(K, device=y.device)[y]) ** 2).sum(1)
 
     return Bench(VmapDpafNet(SHAPE, [1, 1, 1], width=width, out_dim=K, fc_hidden=32), loss), \
         (torch.rand(batch, *SHAPE), torch.randint(0, K, (batch,)))
@@ -111,7 +118,7 @@ def noisy_step(params: list[torch.Tensor], grads: list[torch.Tensor], opt, clip:
     opt.step()
 
 
-def make_steps(bench: Bench, batch: tuple) -> dict:
+def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
     """One callable per variant, each on its own deep copy of the same initial weights."""
     steps = {}
 
@@ -159,31 +166,85 @@ def make_steps(bench: Bench, batch: tuple) -> dict:
         noisy_step(params, [grads[n] for n in names], opt, 1.0, 1.0)
 
     steps["torch.func"] = func_step
+    if compile_:
+        steps.update(compiled_steps(bench, batch))
     return steps
+
+
+def compiled_steps(bench: Bench, batch: tuple) -> dict:
+    """``compile=true``'s two steps: the non-private forward/backward compiled, and the private step's per-sample
+    gradients + clipping + clipped sum compiled in one function (noise and the optimizer step eager, as in dpgen)."""
+    plain = copy.deepcopy(bench)
+    p_params = [p for p in plain.parameters() if p.requires_grad]
+    p_opt = torch.optim.SGD(p_params, lr=1e-4)
+    loss_fn = torch.compile(lambda *b: plain(*b).sum(), dynamic=False)
+
+    def non_private_compiled():
+        p_opt.zero_grad(set_to_none=True)
+        loss_fn(*batch).backward()
+        p_opt.step()
+
+    model = copy.deepcopy(bench)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = dict(model.named_buffers())
+    opt = torch.optim.SGD(params, lr=1e-4)
+
+    def one_loss(train: dict, *row):
+        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
+
+    def clipped_sum(*b):
+        grads = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(b))({n: p.detach() for n, p in zip(names, params)}, *b)
+        g = [grads[n] for n in names]
+        norms = torch.stack([x.flatten(1).norm(dim=1) for x in g]).norm(dim=0)
+        scale = (1.0 / (norms + 1e-6)).clamp(max=1.0)
+        return [torch.einsum("b,b...->...", scale, x) for x in g]
+
+    summed = torch.compile(clipped_sum, dynamic=False)
+
+    def compiled_step():
+        for p, s in zip(params, summed(*batch)):
+            p.grad = s + torch.randn_like(p)
+        opt.step()
+
+    return {"non-private compiled": non_private_compiled, "compiled": compiled_step}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:<i>")
+    ap.add_argument("--compile", action="store_true", help="also time compile=true's steps (inductor)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--nets", default=",".join(NETS))
     a = ap.parse_args()
+    device = torch.device(a.device)
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
     torch.manual_seed(0)
-    print(f"batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), torch {torch.__version__}")
+    backends = BACKENDS + (COMPILED if a.compile else ())
+    print(f"device {device}, batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), "
+          f"torch {torch.__version__}")
     print(f"{'network':<10} {'params':>8} {'non-private ms':>15} " + " ".join(f"{b + ' ms':>14} {'ratio':>6}"
-                                                                          for b in BACKENDS) + "  fastest")
+                                                                          for b in backends) + "  fastest")
     for name in a.nets.split(","):
         build, width = NETS[name]
         bench, batch = build(a.batch, width)
+        bench, batch = bench.to(device), tuple(t.to(device) for t in batch)
         n_params = sum(p.numel() for p in bench.parameters() if p.requires_grad)
-        steps = make_steps(bench, batch)
+        steps = make_steps(bench, batch, a.compile)
         times: dict[str, list[float]] = {k: [] for k in steps}
         failed: dict[str, str] = {}
-        for k, fn in steps.items():  # warm-up (and find unsupported backends)
+        for k, fn in steps.items():  # warm-up (compiles; finds unsupported backends)
             try:
+                fn()
                 fn()
             except Exception as exc:  # noqa: BLE001 - report the backend as unsupported, keep benchmarking
                 failed[k] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
@@ -191,16 +252,22 @@ def main() -> None:
             for k, fn in steps.items():
                 if k in failed:
                     continue
+                _sync(device)
                 t0 = time.perf_counter()
                 fn()
+                _sync(device)
                 times[k].append(time.perf_counter() - t0)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
         base = med["non-private"]
         cells = []
-        for b in BACKENDS:
-            cells.append(f"{'failed':>14} {'–':>6}" if b in failed else f"{med[b] * 1e3:>14.1f} {med[b] / base:>6.2f}")
-        fastest = min((b for b in BACKENDS if b in med), key=med.get)
+        for b in backends:
+            cells.append(f"{'failed':>14} {'–':>6}" if b not in med else f"{med[b] * 1e3:>14.1f} {med[b] / base:>6.2f}")
+        fastest = min((b for b in backends if b in med), key=med.get)
         print(f"{name:<10} {n_params:>8} {base * 1e3:>15.1f} " + " ".join(cells) + f"  {fastest}")
+        if "compiled" in med and "non-private compiled" in med:
+            c = med["non-private compiled"]
+            print(f"  {name} compile=true: non-private {c * 1e3:.1f} ms, private {med['compiled'] * 1e3:.1f} ms, "
+                  f"ratio {med['compiled'] / c:.2f} (private compiled / non-private eager: {med['compiled'] / base:.2f})")
         for b, why in failed.items():
             print(f"  {name} {b}: {why}")
 

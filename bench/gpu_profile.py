@@ -349,7 +349,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     progress.tick("setup", f"composing the config and loading {dataset} on {device}")
     from dpgen.core.methods import load_method
     from dpgen.core.pipeline import quiet_known_noise, seed_everything
-    from dpgen.core.precision import training_precision
+    from dpgen.core.precision import run_precision
     from dpgen.core.run import Run
     from dpgen.data import load_dataset
     from dpgen.privacy import PrivacyLedger, parse_epsilon
@@ -524,7 +524,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
             budget_.arm(where)
             budget_.check(where)  # a budget spent by the config and data alone
             # as the pipeline runs it: --set precision=bf16 / cudnn_benchmark=true are measured, not ignored
-            with training_precision(str(cfg.precision), dev, bool(cfg.cudnn_benchmark)):
+            with run_precision(cfg, dev):
                 load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
         except _Enough:
             pass

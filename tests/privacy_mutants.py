@@ -495,6 +495,27 @@ MUTANTS: list[Mutant] = [
            "                    pass",
            (PRECISION + "::test_dp_sgd_batch_clips_every_record_in_fp32_under_bf16",),
            "opacus computes the per-sample norms of bf16 gradients in bf16"),
+    # compile=true: Poisson batches padded to buckets; padded rows must add nothing, and no record may be dropped
+    Mutant("compile.feta_padded_rows_not_zeroed", "dpgen/feta/dpsgd.py",
+           "            factor = factor * weight.to(factor.dtype)  # padded rows: factor 0, their (finite) rows add exactly 0",
+           "            pass",
+           ("tests/test_compile.py::test_padded_rows_add_exactly_zero_to_the_clipped_sum",),
+           "feta/dpdm's padded rows (copies of a record) join the clipped sum"),
+    Mutant("compile.dpgan_padded_rows_not_zeroed", "dpgen/dpgan/compiled.py",
+           'return F.binary_cross_entropy_with_logits(call(x[None], y[None]), t[None], reduction="sum") * w',
+           'return F.binary_cross_entropy_with_logits(call(x[None], y[None]), t[None], reduction="sum")',
+           ("tests/test_compile.py::test_dpgan_padded_rows_have_exactly_zero_gradient_and_never_reach_the_optimizer",),
+           "dpgan's padded rows get a non-zero per-sample gradient"),
+    Mutant("compile.dpgan_padding_reaches_the_optimizer", "dpgen/dpgan/compiled.py",
+           "        return [g[:rows] for g in grads], loss",
+           "        return grads, loss",
+           ("tests/test_compile.py::test_dpgan_padded_rows_have_exactly_zero_gradient_and_never_reach_the_optimizer",),
+           "dpgan's padded rows handed to opacus as per-sample gradients"),
+    Mutant("compile.bucket_drops_records", "dpgen/core/compile.py",
+           "    if cap is not None and rows <= int(cap) < size:",
+           "    if cap is not None and int(cap) < size:",
+           ("tests/test_compile.py::test_a_bucket_is_never_smaller_than_the_batch_and_the_buckets_are_few",),
+           "a bucket (the micro-batch cap) smaller than the Poisson rows it must hold"),
 ]
 
 

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpgen.io import atomic_write_json
 from dpgen.core.checkpoint import fingerprint_diff
+from dpgen.core.compile import compiling
 from dpgen.core.dist import Dist, from_env
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, load_generator, save_generator
 from dpgen.core.methods import load_method
-from dpgen.core.precision import training_precision
+from dpgen.core.precision import run_precision
 from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
 from dpgen.data import load_dataset
@@ -184,8 +185,7 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
     t0 = time.time()
     try:
         # training only: the released generator is sampled and evaluated below, in fp32
-        with training_precision(str(cfg.precision), device, bool(cfg.cudnn_benchmark), bool(cfg.get("compile", False)),
-                                str(cfg.get("ensemble", {}).get("conv", "grouped"))):
+        with run_precision(cfg, device):  # precision, compile, ensemble.conv (dpgen/core/precision.py)
             gen = method.train(cfg[cfg.method.hparams], data, ledger, run)
     finally:
         run.close()
@@ -229,7 +229,8 @@ def evaluate_generator(gen: ReleasedGenerator, data, cfg: DictConfig, device: to
 
     t0 = time.time()
     n = int(cfg.eval.num_samples)
-    x, y = gen.sample(n, labels=balanced_labels(n, gen.num_classes), seed=int(cfg.seed) + 1)
+    with compiling(bool(cfg.get("compile", False))):  # compile=true: the sampler's network call too
+        x, y = gen.sample(n, labels=balanced_labels(n, gen.num_classes), seed=int(cfg.seed) + 1)
     x_np = x.numpy().astype(np.float32) if data.tabular else to_uint8(x)
     metrics = evaluate(x_np, y.numpy(), data, cfg.eval, device=device, seed=int(cfg.seed),
                        cache_dir=Path(cfg.data_root) / "cache" / "eval", log=log.info)

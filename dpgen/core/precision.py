@@ -34,13 +34,14 @@ import logging
 from contextlib import ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Any, ContextManager, Iterator
 
 import torch
 
+from dpgen.core.compile import compiling
 from dpgen.errors import DpgenError
 
-__all__ = ["PRECISIONS", "BF16_METHODS", "ENSEMBLE_CONVS", "EnsembleCompute", "training_precision", "full_precision",
+__all__ = ["PRECISIONS", "BF16_METHODS", "ENSEMBLE_CONVS", "EnsembleCompute", "training_precision", "run_precision", "full_precision",
            "at_least_fp32", "noise_dtype", "autocast_enabled", "ensemble_compute", "ensemble_settings"]
 
 log = logging.getLogger("dpgen")
@@ -153,7 +154,7 @@ def training_precision(precision: str, device: torch.device | str, cudnn_benchma
     """The run's ``precision`` and ``cudnn_benchmark`` for the duration (see the module docstring); the
     global flags it sets are restored on exit, so evaluation after training runs in torch's defaults.
     ``compile`` and ``ensemble_conv`` (``compile``, ``ensemble.conv``) set :func:`ensemble_compute` with the
-    precision's ensemble dtype.
+    precision's ensemble dtype, and ``compile`` :func:`dpgen.core.compile.compile_enabled` for the DP-SGD steps.
 
     ``device`` picks autocast's device type under ``bf16`` (cpu or cuda; bf16 autocast works on both).
     ``cudnn_benchmark`` lets cuDNN time its convolution algorithms for each new shape and keep the fastest:
@@ -179,9 +180,18 @@ def training_precision(precision: str, device: torch.device | str, cudnn_benchma
         autocast = (torch.autocast(dev_type, dtype=torch.bfloat16, cache_enabled=False) if precision == "bf16"
                     else nullcontext())
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        with autocast, ensemble_settings(dtype=dtype, compile=bool(compile), conv=str(ensemble_conv)):
+        # one switch for every hot step: the DP-SGD steps read compile_enabled(), the ensembles their settings
+        with autocast, compiling(bool(compile)), ensemble_settings(dtype=dtype, compile=bool(compile),
+                                                                   conv=str(ensemble_conv)):
             yield
     finally:
         if saved_tf32 is not None:
             _set_tf32_state(saved_tf32)
         torch.backends.cudnn.benchmark = saved_benchmark
+
+
+def run_precision(cfg: Any, device: torch.device | str) -> ContextManager[None]:
+    """:func:`training_precision` with a run config's ``precision``, ``cudnn_benchmark``, ``compile`` and
+    ``ensemble.conv`` (the pipeline and the GPU benches enter the same settings)."""
+    return training_precision(str(cfg.precision), device, bool(cfg.cudnn_benchmark), bool(cfg.get("compile", False)),
+                              str(cfg.get("ensemble", {}).get("conv", "grouped")))

@@ -226,6 +226,7 @@ class TrainSchema:
     #: the training's arithmetic (dpgen/core/precision.py); the DP path (clipping, noise) stays fp32 under each
     precision: str = spec(choices=PRECISIONS)
     cudnn_benchmark: bool = spec()   # cuDNN picks convolution algorithms by timing them (GPU runs not bit-exact)
+    #: torch.compile of each method's hot step (dpgen/core/compile.py); the same function within its tolerance
     compile: bool = False
     ensemble: EnsembleSchema = nested(EnsembleSchema)
     debug: DebugSchema = nested(DebugSchema)
@@ -393,6 +394,7 @@ LATER_KEYS: dict[str, Any] = {
     "privacy.secure_noise": False,   # ... and drew one normal per noise coordinate
     "precision": "fp32",             # issue 24: runs before the option trained in torch's default precision ...
     "cudnn_benchmark": False,        # ... with cuDNN's default (no benchmark)
+    "compile": False,                # issue 32: runs before the option ran eagerly
     "dpac.sanitize": "per_path",     # issue 26: dpac runs before the option sanitised D's and C's paths apart
     "dpac.grad_basis": None,         # issue 26: ... and released every pixel of the image gradient
 }

@@ -9,9 +9,11 @@ from omegaconf import DictConfig
 from opacus import GradSampleModule
 
 from dpgen.audit.hooks import DpsgdCanaries
+from dpgen.core.compile import compile_enabled
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
+from dpgen.dpgan.compiled import GeneratorLoss, PerSampleD, set_grad_samples
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator, ProjectionDiscriminator
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -34,16 +36,24 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> f
 
 
 def discriminator_step(d_net: GradSampleModule, opt_d: DPSGDOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
-                       x_fake: torch.Tensor, y_fake: torch.Tensor) -> torch.Tensor:
+                       x_fake: torch.Tensor, y_fake: torch.Tensor,
+                       per_sample: PerSampleD | None = None) -> torch.Tensor:
     """One DP-SGD step of D (Abadi et al. 2016, Alg. 1 lines 5–9) on real + fake rows.
 
     Real rows come from a Poisson batch; the fake rows have a fixed, data-independent count,
     so adding or removing one record adds or removes one clipped per-sample gradient:
     ℓ2 sensitivity C, noise N(0, σ²C²) added by the DP-SGD optimizer from the secret stream.
+    ``per_sample`` (``compile=true``): the per-sample gradients from :class:`PerSampleD` (compiled torch.func on a
+    padded bucket) instead of opacus' hooks; the optimizer's clipping and noise are the same.
     """
     xb, yb = torch.cat([x_real, x_fake]), torch.cat([y_real, y_fake])
     target = torch.cat([torch.ones(len(x_real), device=xb.device), torch.zeros(len(x_fake), device=xb.device)])
     opt_d.zero_grad(set_to_none=True)
+    if per_sample is not None:
+        grads, loss = per_sample(xb, yb, target)
+        set_grad_samples(opt_d.model_params, grads)
+        opt_d.step()
+        return loss.detach()
     loss = F.binary_cross_entropy_with_logits(d_net(xb, yb), target, reduction="sum")
     loss.backward()
     opt_d.step()
@@ -57,12 +67,26 @@ def generator_loss(g_net: CondGenerator, d_net: torch.nn.Module, batch: int, k: 
     Two latent codes per label: the term rewards |G(z1,y) − G(z2,y)| / |z1 − z2|, which keeps G
     from ignoring z (per-class mode collapse). It involves G only, so it is free post-processing.
     """
+    z, y = generator_draws(g_net, batch, k, generator)
+    return generator_loss_at(g_net, d_net, z, y, ms_weight)
+
+
+def generator_draws(g_net: CondGenerator, batch: int, k: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The G step's latent codes and labels: each label twice, with two codes (the MSGAN pair)."""
     dev = next(g_net.parameters()).device
     half = batch // 2
     y = torch.randint(0, k, (half,), generator=generator, device=dev).repeat(2)
     z = torch.randn(2 * half, g_net.z_dim, generator=generator, device=dev)
+    return z, y
+
+
+def generator_loss_at(g_net: CondGenerator, d_net: torch.nn.Module, z: torch.Tensor, y: torch.Tensor,
+                      ms_weight: float) -> torch.Tensor:
+    """:func:`generator_loss` for given draws (pure: ``compile=true`` compiles it)."""
+    half = z.shape[0] // 2
     x = g_net(z, y)
-    loss = F.binary_cross_entropy_with_logits(d_net(x, y), torch.ones(2 * half, device=dev))
+    loss = F.binary_cross_entropy_with_logits(d_net(x, y), torch.ones(2 * half, device=z.device))
     if ms_weight > 0:
         dx = (x[:half] - x[half:]).abs().flatten(1).mean(1)
         dz = (z[:half] - z[half:]).abs().mean(1)
@@ -98,6 +122,13 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         opt_g.load_state_dict(state["opt_g"])
         opt_d.original_optimizer.load_state_dict(state["opt_d"])
         run.restore_rngs()
+    # compile=true: D's per-sample gradients (torch.func instead of opacus' hooks) and G's loss, compiled
+    compiled = compile_enabled()
+    per_sample = PerSampleD(d_net._module) if compiled else None
+    g_loss = GeneratorLoss(generator_loss_at) if compiled else None
+    compiled_d = {"per_sample": per_sample} if compiled else {}  # eager: the call of before (spied by tests)
+    if compiled:
+        d_net.remove_hooks()  # the per-sample gradients come from PerSampleD (torch.func refuses opacus' hooks)
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("dpgan: q=%.5f sigma=%.4f clip=%g, %d discriminator steps allowed", q, sigma, hp.clip, guard.remaining)
 
@@ -120,16 +151,21 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
             idx = poisson_batch(n, q, g_sample, dev)  # one host sync per step (opacus needs a concrete batch)
             with torch.no_grad():
                 xf, yf = fake(batch)
-            loss_d = discriminator_step(d_net, opt_d, x_all[idx], y_all[idx], xf, yf)
+            loss_d = discriminator_step(d_net, opt_d, x_all[idx], y_all[idx], xf, yf, **compiled_d)
             guard.step()
         else:
             # Generator step: gradients reach G only through the DP-trained D (post-processing).
             d_net.disable_hooks()
             opt_g.zero_grad(set_to_none=True)
-            loss_g = generator_loss(g_net, d_net, batch, k, float(hp.mode_seeking), g_fake)
+            if g_loss is None:
+                loss_g = generator_loss(g_net, d_net, batch, k, float(hp.mode_seeking), g_fake)
+            else:
+                z, y = generator_draws(g_net, batch, k, g_fake)
+                loss_g = g_loss(g_net, d_net._module, z, y, float(hp.mode_seeking))
             loss_g.backward()
             opt_g.step()
-            d_net.enable_hooks()
+            if per_sample is None:
+                d_net.enable_hooks()
             it += 1
             # tensors: Run converts them to floats only on log steps (no host sync per step)
             run.step_done(it, {"loss_d": loss_d / (2 * batch), "loss_g": loss_g.detach()}, snapshot)

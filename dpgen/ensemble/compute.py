@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from dpgen.core.compile import maybe_compile
 from dpgen.core.precision import ensemble_compute, full_precision
 
 __all__ = ["to_compute", "conv2d_unfold", "BatchedConv", "member_forward", "teacher_forward", "compiled"]
@@ -108,24 +109,17 @@ def teacher_forward() -> Iterator[None]:
         yield
 
 
-#: graphs one compiled ensemble function may hold (see :func:`compiled`)
-RECOMPILE_LIMIT = 64
-
 _COMPILED: dict[Callable, Callable] = {}
 
 
 def compiled(fn: Callable) -> Callable:
     """``fn`` itself in eager mode; under ``compile=true`` its ``torch.compile`` (one per function, kept for the
-    process, so each hot step compiles once; dynamic shapes off: an ensemble's shapes are fixed per run)."""
+    process, so each hot step compiles once; dynamic shapes off: an ensemble's shapes are fixed per run). One
+    function serves several losses and member counts (critic M=1, refresh, pre-training chunks, the classifier),
+    each one more graph: :data:`dpgen.core.compile.RECOMPILE_LIMIT` keeps them compiled."""
     if not ensemble_compute().compile:
         return fn
     out = _COMPILED.get(fn)
     if out is None:
-        # one function serves several losses and member counts (critic M=1, refresh, pre-training chunks, the
-        # classifier): each is one more graph of the same code, past dynamo's default limit of 8 (it would fall
-        # back to eager without an error)
-        config = torch._dynamo.config
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-        setattr(config, name, max(int(getattr(config, name)), RECOMPILE_LIMIT))
-        out = _COMPILED[fn] = torch.compile(fn, dynamic=False)
+        out = _COMPILED[fn] = maybe_compile(fn, enabled=True)
     return out

@@ -16,16 +16,18 @@ stream) once to the same total: the noise is added once, as opacus' DistributedD
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from opacus import GradSampleModule
 
+from dpgen.core.compile import bucket_size, maybe_compile
 from dpgen.core.dist import SINGLE, Dist
-from dpgen.core.precision import full_precision
+from dpgen.core.precision import autocast_enabled
 from dpgen.nets.edm import edm_draws, edm_loss_at
-from dpgen.privacy.per_sample import per_record_grads
+from dpgen.privacy.per_sample import pad_rows, per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
 if TYPE_CHECKING:
@@ -62,9 +64,44 @@ def clipped_grad_sum(gsm: GradSampleModule, loss_fn: Callable[[torch.Tensor, tor
     return acc, loss_total / max(rows, 1)
 
 
+def _record_loss(call, xr, yr, sr, nr):
+    """One record's loss: the mean over its K diffusion draws (so the gradient is K-averaged before clipping)."""
+    return edm_loss_at(call, xr, yr, sr, nr).mean()
+
+
+class MicroStep:
+    """One micro-batch of :func:`clipped_grad_sum_func`: Σ_i w_i·clip(mean_k ∇ℓ_ik, C) and Σ_i w_i·ℓ_i, the hot
+    step ``compile=true`` compiles (:mod:`dpgen.core.compile`).
+
+    Compiled, the micro-batch is padded to a bucket (:func:`bucket_size`, never fewer rows than the micro-batch
+    has) with copies of its first record of weight w = 0: a padded row's clipping factor is multiplied by 0, so it adds
+    exactly zero to the clipped sum (its gradient is a real record's, hence finite), and the ledger never sees it
+    (it counts steps, not rows). Eager, the rows are used as they are (w = 1), as before.
+    """
+
+    def __init__(self, denoiser: torch.nn.Module, clip: float, compile: bool = False, pad: bool | None = None,
+                 backend: Any = "inductor") -> None:
+        self.denoiser, self.clip, self.compiled = denoiser, float(clip), bool(compile)
+        self.pad = self.compiled if pad is None else bool(pad)  # pad=True eagerly: tests of the padding
+        self.fn = maybe_compile(self._sum, self.compiled, backend)
+
+    def _sum(self, weight: torch.Tensor, *batch: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        grads, losses = per_record_grads(self.denoiser, _record_loss, batch)
+        acc = [torch.zeros_like(p) for p in self.denoiser.parameters() if p.requires_grad]
+        add_clipped(acc, grads, self.clip, weight)
+        return acc, (losses.detach() * weight).sum()
+
+    def __call__(self, batch: tuple[torch.Tensor, ...], cap: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The sums of the micro-batch ``batch`` (records on dim 0, at most ``cap`` of them)."""
+        m = batch[0].shape[0]
+        padded, weight = pad_rows(batch, bucket_size(m, cap, fine=False) if self.pad else m)
+        return self.fn(weight, *padded)
+
+
 def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, multiplicity: int,
                           clip: float, micro_batch: int, generator: torch.Generator,
-                          dist: Dist = SINGLE) -> tuple[list[torch.Tensor], torch.Tensor]:
+                          dist: Dist = SINGLE,
+                          step: MicroStep | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
 
     The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
@@ -72,14 +109,14 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
     With ``dist`` (several ranks, the same ``x``, ``y`` and ``generator`` state on each) this rank computes the
     micro-batches it owns; the draws of every micro-batch are made on every rank, so the ranks' streams stay
     equal; the sums and the loss are all-reduced, so every rank returns the whole batch's.
+    ``step``: the :class:`MicroStep` to use (the training loop builds one, compiled under ``compile=true``);
+    None: an eager one.
     """
     params = [p for p in denoiser.parameters() if p.requires_grad]
     acc = [torch.zeros_like(p) for p in params]
     k = int(multiplicity)
     loss_total, rows = torch.zeros((), device=x.device), 0
-
-    def record_loss(call, xr, yr, sr, nr):
-        return edm_loss_at(call, xr, yr, sr, nr).mean()
+    step = MicroStep(denoiser, clip) if step is None else step
 
     for j, s in enumerate(range(0, x.shape[0], max(1, int(micro_batch)))):
         xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
@@ -88,10 +125,11 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
         sigma, noise = edm_draws(xr, generator)
         if not dist.owns(j):
             continue
-        grads, losses = per_record_grads(denoiser, record_loss, (
-            xr.reshape(m, k, *xb.shape[1:]), yr.reshape(m, k), sigma.reshape(m, k), noise.reshape(m, k, *xb.shape[1:])))
-        add_clipped(acc, grads, clip)
-        loss_total = loss_total + losses.detach().sum() * k
+        sums, loss_sum = step((xr.reshape(m, k, *xb.shape[1:]), yr.reshape(m, k), sigma.reshape(m, k),
+                               noise.reshape(m, k, *xb.shape[1:])), max(1, int(micro_batch)))
+        for a, t in zip(acc, sums):
+            a.add_(t)
+        loss_total = loss_total + loss_sum * k
         rows += m * k
     if dist.active:
         counts = torch.stack([loss_total, torch.tensor(float(rows), device=x.device)])
@@ -100,18 +138,30 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
     return acc, loss_total / max(rows, 1)
 
 
-def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: float) -> None:
+def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: float,
+                weight: torch.Tensor | None = None) -> None:
     """acc += Σ_i g_i·min(1, C/‖g_i‖) with ‖g_i‖ the norm over ALL parameters of record i (flat clipping).
+
+    ``weight`` (0/1 per row, fp32): a compiled bucket's padded rows have weight 0, so they add exactly zero
+    (:class:`MicroStep`); None: every row is a record.
 
     In the accumulators' dtype (fp32) with autocast off: under ``precision=bf16`` autocast would run the
     einsum in bf16, and per-record gradients may arrive in bf16 (opacus' hooks); a bf16 norm or clipped sum
-    can exceed C by 2^-8 relative (:mod:`dpgen.core.precision`)."""
-    with full_precision():
+    can exceed C by 2^-8 relative (:mod:`dpgen.core.precision`). Autocast is turned off by plain ``with`` blocks
+    (what :func:`~dpgen.core.precision.full_precision` does with an ExitStack, which torch.compile cannot trace)."""
+    with _autocast_off("cpu"), _autocast_off("cuda"):
         per_record = [g.to(a.dtype) for a, g in zip(acc, per_record)]
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
         factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+        if weight is not None:
+            factor = factor * weight.to(factor.dtype)  # padded rows: factor 0, their (finite) rows add exactly 0
         for a, g in zip(acc, per_record):
             a.add_(torch.einsum("i,i...->...", factor, g))
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off for ``device_type`` if it is on (:func:`full_precision` for one device type), else nothing."""
+    return torch.autocast(device_type, enabled=False) if autocast_enabled(device_type) else contextlib.nullcontext()
 
 
 def canary_sum(canaries: "DpsgdCanaries", clip: float) -> torch.Tensor:
@@ -133,3 +183,21 @@ def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], 
         noise = gaussian_noise(s.shape, sigma * clip, generator, device=s.device, dtype=s.dtype,
                                mechanism="DP-SGD noise")
         p.grad = (s + noise) / expected_batch
+
+
+def micro_batch_for(denoiser: torch.nn.Module, micro_batch: int | None, multiplicity: int, shape: list[int],
+                    expected_batch: int, device: torch.device) -> int:
+    """Records per micro-batch: ``micro_batch`` as given, or (None) the largest power of two whose K-fold
+    vmap(grad) fits in half the free memory of ``device`` with a margin (:mod:`dpgen.privacy.micro_batch`),
+    capped by the expected Poisson batch. The per-record gradient is K-averaged inside the record's loss
+    (:func:`_record_loss`) before it exists, so the footprint holds one gradient per record, not K."""
+    if micro_batch is not None:
+        return max(1, int(micro_batch))
+    from dpgen.privacy.micro_batch import auto_micro_batch, record_footprint
+
+    def example(dev: torch.device) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(1, *shape, device=dev), torch.ones(1, device=dev),
+                torch.zeros(1, dtype=torch.long, device=dev))
+
+    footprint = record_footprint(denoiser, example, int(multiplicity))
+    return auto_micro_batch(footprint, device, int(expected_batch))

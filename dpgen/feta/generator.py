@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from dpgen.core.compile import compile_enabled
 from dpgen.core.generator import ReleasedGenerator
 from dpgen.errors import DpgenError
 from dpgen.nets.edm import EDMDenoiser, sample
@@ -50,9 +51,20 @@ class FetaGenerator(ReleasedGenerator):
         return self.AUTO_CHUNK.get(torch.device(device).type, self.GPU_CHUNK)
 
     def generate(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Run the sampler on ``labels`` in pieces of :meth:`chunk_size` (the same generator stream, in order)."""
+        """Run the sampler on ``labels`` in pieces of :meth:`chunk_size` (the same generator stream, in order);
+        under ``compile=true`` (:func:`dpgen.core.compile.compile_enabled`) through :meth:`sampler_net`."""
         step = self.chunk_size(labels.device)
-        parts = [sample(self.net, labels[i:i + step], self.sample_shape, generator, null_label=self.num_classes,
+        net = self.sampler_net() if compile_enabled() else self.net
+        parts = [sample(net, labels[i:i + step], self.sample_shape, generator, null_label=self.num_classes,
                         **self.init_kwargs["sampler"]) for i in range(0, labels.shape[0], step)]
         x = torch.cat(parts) if parts else torch.empty(0, *self.sample_shape, device=labels.device)
         return ((x + 1) / 2).clamp(0, 1)
+
+    def sampler_net(self) -> torch.nn.Module:
+        """The denoiser compiled for sampling (``torch.compile``, static shapes: one graph per chunk size, i.e. at
+        most two per call, and twice that with guidance's doubled batch), built once. Kept out of the module's
+        attributes so the state dict (the released file) is the eager one's."""
+        net = self.__dict__.get("_sampler_net")
+        if net is None:
+            net = self.__dict__["_sampler_net"] = torch.compile(self.net, dynamic=False)
+        return net

@@ -18,7 +18,9 @@ from dpgen.data.torch_utils import image_train_tensors
 from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import query_central
-from dpgen.feta.dpsgd import canary_sum, clipped_grad_sum, clipped_grad_sum_func, set_noisy_grads
+from dpgen.core.compile import compile_enabled
+from dpgen.feta.dpsgd import (MicroStep, canary_sum, clipped_grad_sum, clipped_grad_sum_func, micro_batch_for,
+                              set_noisy_grads)
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -70,6 +72,8 @@ def _check(hp: DictConfig, n: int) -> None:
     if not 0 < int(hp.batch_size) <= n:
         raise DpgenError(f"feta.batch_size={hp.batch_size} must be between 1 and N={n}")
     for key in ("iters", "multiplicity", "micro_batch", "warmup_batch"):
+        if key == "micro_batch" and hp[key] is None:  # null: sized from device memory (micro_batch_for)
+            continue
         if int(hp[key]) < (0 if key == "iters" else 1):
             raise DpgenError(f"feta.{key} must be positive, got {hp[key]}")
     if float(hp.clip) <= 0:
@@ -156,6 +160,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     log.info("feta: DP-SGD q=%.5f sigma=%.4f clip=%g K=%d, %d steps allowed (planned %d)", q, sigma, hp.clip,
              int(hp.multiplicity), guard.remaining, int(hp.iters))
 
+    micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev)
+    # compile=true: the micro-batch's per-record gradients and clipped sum, compiled (dpgen/core/compile.py)
+    compiled = {"step": MicroStep(model.net, float(hp.clip), True)} if compile_enabled() and gsm is None else {}
+    if compile_enabled() and gsm is not None:
+        log.warning("compile=true: feta.grad_backend=opacus runs eagerly (torch.compile cannot trace opacus' hooks)")
+
     def loss_fn(xr: torch.Tensor, yr: torch.Tensor) -> torch.Tensor:
         return edm_loss(gsm, xr, yr, gens["loss"])
 
@@ -168,10 +178,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         yb = drop_labels(y_all[idx], drop, null, gens["loss"])
         if gsm is None:
             sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),
-                                               int(hp.micro_batch), gens["loss"], run.dist)
+                                               micro, gens["loss"], run.dist, **compiled)
         else:
-            sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip),
-                                          int(hp.micro_batch))
+            sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), micro)
         if canaries is not None:
             sums.append(canary_sum(canaries, float(hp.clip)))
         set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])

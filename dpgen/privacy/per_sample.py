@@ -37,3 +37,22 @@ def per_record_grads(module: nn.Module, record_loss: Callable[..., torch.Tensor]
 
     grads, losses = vmap(grad(loss_of, has_aux=True), in_dims=(None,) + (0,) * len(batch))(train, *batch)
     return [grads[n].to(train[n].dtype) for n in names], losses
+
+
+def pad_rows(batch: tuple[torch.Tensor, ...], size: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """``batch`` (records on dim 0 of every tensor) padded to ``size`` rows, and the rows' weights (fp32).
+
+    The real rows come first with weight 1; the padding repeats the first record with weight 0 (a real record's
+    values, so its gradient is finite and weight 0 zeroes it exactly; zeros could give a non-finite loss, e.g.
+    log σ = log 0). ``size`` must be >= the number of rows: a record is never dropped to fit a shape.
+    Without padding (``size`` = rows) the tensors are returned as they are.
+    """
+    m = batch[0].shape[0]
+    if size < m:
+        raise ValueError(f"cannot pad {m} records to {size} rows: a bucket is never smaller than its batch")
+    dev = batch[0].device
+    weight = torch.cat([torch.ones(m, device=dev), torch.zeros(size - m, device=dev)])
+    if size == m:
+        return tuple(batch), weight
+    fill = torch.zeros(size - m, dtype=torch.long, device=dev)  # index of the first record, size - m times
+    return tuple(torch.cat([t, t[fill]]) for t in batch), weight

@@ -62,7 +62,7 @@ class FetaHparams:
     iters: int = spec(ge=0)
     batch_size: int = spec(ge=1)
     multiplicity: int = spec(ge=1)
-    micro_batch: int = spec(ge=1)
+    micro_batch: Optional[int] = spec(ge=1)   # records per micro-batch; None: sized from device memory
     clip: float = spec(gt=0.0)
     grad_backend: str = spec(choices=("torch_func", "opacus"))
     noise_multiplier: Optional[float] = spec(gt=0.0)
