@@ -30,9 +30,9 @@ def top_level_ops(fn) -> int:
 
 
 def main(argv: list[str] | None = None) -> list[tuple[str, int, int]]:
-    from dpgen.dpac.ensemble import critic_step
+    from dpgen.gswgan.ensemble import critic_step
     from dpgen.ensemble import NetStack
-    from dpgen.dpac.nets import disc_forward, disc_init
+    from dpgen.gswgan.nets import disc_forward, disc_init
     from dpgen.nets.spectral import sn_init
     from dpgen.gpate.ensemble import TeacherEnsemble
     from dpgen.gpate.nets import TeacherCNN

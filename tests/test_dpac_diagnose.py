@@ -13,7 +13,7 @@ def test_parameter_space_snr_scales_as_one_over_z():
     from functools import partial
 
     from dpgen.dpac.diagnose import probe_step
-    from dpgen.dpac.nets import ResNetGenerator, disc_init
+    from dpgen.gswgan.nets import ResNetGenerator, disc_init
     from dpgen.ensemble import NetStack
     from dpgen.nets.dct import dct_basis
     from dpgen.nets.spectral import sn_init
@@ -48,7 +48,7 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
 
     from tiny import train_in_memory
 
-    tr = importlib.import_module("dpgen.dpac.train")
+    tr = importlib.import_module("dpgen.gswgan.train")
     from dpgen.dpac.diagnose import probe_step
 
     over = [*TINY["gswgan"], "dpac.noise_multiplier=1"]

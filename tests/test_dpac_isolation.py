@@ -49,7 +49,7 @@ def _overrides(method: str, extra: list[str]) -> list[str]:
 
 def _train(method, accounting, overrides, run_dir, data, monkeypatch):
     """Train; return (drawn partitions, state after pre-training, final state)."""
-    tr = importlib.import_module("dpgen.dpac.train")
+    tr = importlib.import_module("dpgen.gswgan.train")
     drawn, pre = [], {}
     orig_phase, orig_setup = tr.critic_phase, tr.EnsembleSetup.resume_or_pretrain
 

@@ -52,7 +52,7 @@ class Spy:
                 self.reads.append((what, m, m in owners))
 
     def _wrap(self, monkeypatch) -> None:
-        tr = importlib.import_module("dpgen.dpac.train")
+        tr = importlib.import_module("dpgen.gswgan.train")
         ef = importlib.import_module("dpgen.efsgd.train")
         spy = self
 
@@ -222,7 +222,7 @@ def _planned_entries(method: str, z: float, n: int, sanitize: str | None = None)
     if method == "efsgd":
         from dpgen.efsgd.accounting import iteration_entries
         return iteration_entries(z, K, B, n, 2, True, True)
-    from dpgen.dpac.accounting import iteration_entries
+    from dpgen.gswgan.accounting import iteration_entries
     return iteration_entries(z, K, B, n, 2 if method == "dpac" and sanitize == "per_path" else None)
 
 
@@ -243,7 +243,7 @@ def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, t
 
 
 def test_paper_budget_stops_at_the_paper_analysis_cap(tmp_path):
-    from dpgen.dpac.accounting import paper_max_iters
+    from dpgen.gswgan.accounting import paper_max_iters
 
     _, ledger, _ = train_in_memory("gswgan", tmp_path, "dpac.noise_multiplier=6", "dpac.iters=40", eps=3.0,
                                    accounting="paper")

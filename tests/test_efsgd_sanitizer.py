@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import clf_init, disc_init
+from dpgen.gswgan.nets import clf_init, disc_init
 from dpgen.nets.spectral import sn_init
 from dpgen.efsgd.accounting import iteration_entries
 from dpgen.efsgd.nets import NoiseInjectionGenerator

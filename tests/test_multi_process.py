@@ -265,8 +265,8 @@ def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
     from omegaconf import OmegaConf
 
     from dpgen.core.dist import Dist
-    from dpgen.dpac.nets import ResNetGenerator, disc_init
-    from dpgen.dpac.train import Partitions, pretrain
+    from dpgen.gswgan.nets import ResNetGenerator, disc_init
+    from dpgen.gswgan.train import Partitions, pretrain
     from dpgen.ensemble import NetStack
     from dpgen.nets.spectral import sn_init
     from dpgen.privacy.randomness import secret_generator

@@ -1,11 +1,15 @@
-"""DP-GAN-DPAC (Chen et al., CVPR 2023) on a GS-WGAN base (Chen et al., NeurIPS 2020).
+"""DP-GAN-DPAC (Chen et al., CVPR 2023) on a GS-WGAN base (Chen et al., NeurIPS 2020, :mod:`dpgen.gswgan`).
 
-``method=dpac`` and ``method=gswgan`` (β = 1, no classifier) share this package. Reusable parts:
-:class:`~dpgen.dpac.nets.ResNetGenerator` (released), the functional discriminator/classifier in
-:mod:`dpgen.dpac.nets`, the critic step and warm-up generators of the ensemble
-:mod:`dpgen.dpac.ensemble` (its stacked discriminators are a :class:`dpgen.ensemble.NetStack`), the sanitiser
-:mod:`dpgen.dpac.sanitizer` and the accounting in :mod:`dpgen.dpac.accounting`.
+``method=dpac`` runs GS-WGAN's training loop with DPAC's auxiliary classifier C (:mod:`dpgen.dpac.classifier`).
 """
-from dpgen.dpac.train import train
+from __future__ import annotations
+
+
+def train(hp, data, ledger, run):
+    """GS-WGAN's loop with the classifier (imported here: dpgen.gswgan.train imports dpgen.dpac.classifier)."""
+    from dpgen.gswgan.train import train as gswgan_train
+
+    return gswgan_train(hp, data, ledger, run)
+
 
 __all__ = ["train"]

@@ -31,7 +31,7 @@ from dpgen.core.run import RecordingRun, TrainingInterrupted
 from dpgen.nets.dct import dct_basis
 from dpgen.privacy import clip_rows
 
-_train = importlib.import_module("dpgen.dpac.train")  # the module (dpgen.dpac exports the function as ``train``)
+_train = importlib.import_module("dpgen.gswgan.train")  # the module (dpgen.dpac exports the function as ``train``)
 
 
 def _flat_grad(x: torch.Tensor, params: list[torch.Tensor], v: torch.Tensor) -> torch.Tensor:

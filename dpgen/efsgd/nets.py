@@ -1,6 +1,6 @@
 """EFSGD networks: the dpac ResNet generator with noise injection (Sec. 4.2, Alg. 1) and the encoder.
 
-* :class:`NoiseInjectionGenerator` is dpac's :class:`~dpgen.dpac.nets.ResNetGenerator` (same
+* :class:`NoiseInjectionGenerator` is dpac's :class:`~dpgen.gswgan.nets.ResNetGenerator` (same
   modules and weights layout) whose three GBlocks add element-wise N(0, σ_noise²) to the feature
   map right after each ×2 up-sampling, i.e. before the next convolution/activation (Alg. 1:
   input "upsampled image", output "noisy image"). The noise is drawn in training *and* sampling,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dpgen.dpac.nets import Params, ResNetGenerator, _dense, _features, _trunk_init, feature_dim
+from dpgen.gswgan.nets import Params, ResNetGenerator, _dense, _features, _trunk_init, feature_dim
 
 
 class NoiseInjectionGenerator(ResNetGenerator):

@@ -36,7 +36,7 @@ import math
 import torch
 
 from dpgen.core.precision import at_least_fp32, full_precision
-from dpgen.dpac.sanitizer import Sanitizer
+from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.privacy import clip_rows
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
 

@@ -34,16 +34,16 @@ from omegaconf import DictConfig
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
-from dpgen.dpac.accounting import paper_max_iters
+from dpgen.gswgan.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import clf_forward, disc_forward
+from dpgen.gswgan.nets import clf_forward, disc_forward
 from dpgen.nets.spectral import power_iteration, sn_init
-from dpgen.dpac.nets import onehot
-from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
+from dpgen.gswgan.nets import onehot
+from dpgen.gswgan.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
                               check_ensemble_hparams, classifier_phase, critic_phase, ema_update,
                               refresh_phase)
-from dpgen.dpac.train import plan_noise as dpac_plan_noise
+from dpgen.gswgan.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std, row_sensitivity

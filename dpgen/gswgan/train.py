@@ -6,7 +6,7 @@ own partitions, then updated whenever they are sampled — and are never release
 "teachers". What leaves them is only ∇_{G(z)} L_G, which the :class:`Sanitizer` clips per sample
 and noises before it reaches G (paper eq. 9). The DP guarantee therefore covers exactly the
 sequence of sanitised gradients (and G, its post-processing): each generator iteration is one
-event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.dpac.accounting`).
+event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.gswgan.accounting`).
 """
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
-from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
+from dpgen.gswgan.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import GeneratorStack, critic_step
+from dpgen.gswgan.ensemble import GeneratorStack, critic_step
 from dpgen.ensemble import NetStack, batched_forward
-from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.gswgan.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
 from dpgen.nets.dct import dct_basis
 from dpgen.nets.spectral import sn_init
-from dpgen.dpac.sanitizer import Sanitizer
+from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
 from dpgen.privacy.randomness import SecretGenerator, derive_seed, require_secret
