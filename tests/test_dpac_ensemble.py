@@ -75,7 +75,7 @@ def test_classifier_trains_on_fake_then_real():
 def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
     from test_dpac_sanitizer import run_tiny
 
-    tr = importlib.import_module("dpgen.gswgan.train")
+    tr = importlib.import_module("dpgen.dpac.method")  # DPAC's classifier phase
     seen: list[int] = []
     orig = tr.train_classifier
 

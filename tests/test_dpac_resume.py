@@ -19,7 +19,7 @@ def _train(method: str, run_dir, **run_kwargs):
     import dpgen.dpac
     import dpgen.efsgd
 
-    train, hp = (dpgen.gswgan.train, DPAC_HP) if method == "dpac" else (dpgen.efsgd.train, EFSGD_HP)
+    train, hp = (dpgen.dpac.train, DPAC_HP) if method == "dpac" else (dpgen.efsgd.train, EFSGD_HP)
     torch.manual_seed(0)  # as the pipeline's seed_everything
     ledger = PrivacyLedger(delta=1e-5, target_epsilon=8.0)
     run = in_memory_run(run_dir, ledger, checkpoint_every=100, **run_kwargs)

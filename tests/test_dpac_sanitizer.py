@@ -148,7 +148,7 @@ def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
 
 
 def spy_sanitizers(monkeypatch) -> list:
-    """Every Sanitizer that dpgen.gswgan.train builds from now on, in order of construction."""
+    """Every Sanitizer that dpgen.gswgan.train or dpgen.dpac.method builds from now on, in order of construction."""
     tr = importlib.import_module("dpgen.gswgan.train")  # the package attribute `train` is the function
     made = []
 
@@ -158,6 +158,7 @@ def spy_sanitizers(monkeypatch) -> list:
             made.append(self)
 
     monkeypatch.setattr(tr, "Sanitizer", Spy)
+    monkeypatch.setattr(importlib.import_module("dpgen.dpac.method"), "Sanitizer", Spy)
     return made
 
 

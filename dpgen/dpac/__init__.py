@@ -1,15 +1,8 @@
-"""DP-GAN-DPAC (Chen et al., CVPR 2023) on a GS-WGAN base (Chen et al., NeurIPS 2020, :mod:`dpgen.gswgan`).
+"""DP-GAN-DPAC (Chen et al., CVPR 2023): GS-WGAN (:mod:`dpgen.gswgan`) plus the dual-purpose auxiliary classifier.
 
-``method=dpac`` runs GS-WGAN's training loop with DPAC's auxiliary classifier C (:mod:`dpgen.dpac.classifier`).
+The classifier C is :mod:`dpgen.dpac.classifier`; :mod:`dpgen.dpac.method` plugs it into GS-WGAN's loop through
+the named extension points of :class:`dpgen.gswgan.train.GsWgan`.
 """
-from __future__ import annotations
-
-
-def train(hp, data, ledger, run):
-    """GS-WGAN's loop with the classifier (imported here: dpgen.gswgan.train imports dpgen.dpac.classifier)."""
-    from dpgen.gswgan.train import train as gswgan_train
-
-    return gswgan_train(hp, data, ledger, run)
-
+from dpgen.dpac.method import train
 
 __all__ = ["train"]

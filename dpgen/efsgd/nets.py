@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dpgen.gswgan.nets import Params, ResNetGenerator, _dense, _features, _trunk_init, feature_dim
+from dpgen.gswgan.nets import Params, ResNetGenerator, dense, feature_dim, features, trunk_init
 
 
 class NoiseInjectionGenerator(ResNetGenerator):
@@ -41,11 +41,11 @@ class NoiseInjectionGenerator(ResNetGenerator):
 
 def enc_init(shape: list[int], width: int, z_dim: int, g: torch.Generator) -> Params:
     """One encoder: the DCGAN trunk of dpac's D/C and a linear head to the latent mean μ(x) ∈ R^z_dim."""
-    p = _trunk_init(shape, width, g)
-    p.update(_dense("mu", z_dim, feature_dim(shape, width), 1, g))
+    p = trunk_init(shape, width, g)
+    p.update(dense("mu", z_dim, feature_dim(shape, width), 1, g))
     return p
 
 
 def enc_forward(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
     """μ(x): spectrally normalised trunk features → linear mean head (the head is not normalised)."""
-    return _features(p, u, x) @ p["mu.w"].t() + p["mu.b"]
+    return features(p, u, x) @ p["mu.w"].t() + p["mu.b"]
