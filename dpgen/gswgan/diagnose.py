@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import statistics
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-root", default=None)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. dpac.num_discriminators=200")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the run's setup line: K, B, T, z per path
     root = args.data_root or os.environ.get("DPGEN_DATA", "data")
     rows = measure(args.method, args.eps, args.steps, root, args.overrides, args.dataset, tuple(args.bases))
     for lo in range(0, len(rows), args.window):
