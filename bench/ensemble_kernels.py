@@ -47,8 +47,8 @@ def time_layouts(teachers: int, members: int, reps: int, device: torch.device) -
     import time
 
     from dpgen.core.precision import ensemble_settings
-    from dpgen.dpac.ensemble import critic_step
-    from dpgen.dpac.nets import disc_forward, disc_init
+    from dpgen.gswgan.ensemble import critic_step
+    from dpgen.gswgan.nets import disc_forward, disc_init
     from dpgen.ensemble import NetStack
     from dpgen.gpate.ensemble import TeacherEnsemble
     from dpgen.gpate.nets import TeacherCNN
@@ -88,9 +88,9 @@ def time_layouts(teachers: int, members: int, reps: int, device: torch.device) -
 
 
 def main(argv: list[str] | None = None) -> list[tuple[str, int, int]]:
-    from dpgen.dpac.ensemble import critic_step
+    from dpgen.gswgan.ensemble import critic_step
     from dpgen.ensemble import NetStack
-    from dpgen.dpac.nets import disc_forward, disc_init
+    from dpgen.gswgan.nets import disc_forward, disc_init
     from dpgen.nets.spectral import sn_init
     from dpgen.gpate.ensemble import TeacherEnsemble
     from dpgen.gpate.nets import TeacherCNN

@@ -181,7 +181,7 @@ def warm_imports(methods: list[str]) -> None:
 
     for m in methods:
         load_method(m)
-    importlib.import_module("dpgen.dpac.train")  # the module gpu_profile hooks for the ensembles
+    importlib.import_module("dpgen.gswgan.train")  # the module gpu_profile hooks for the ensembles
 
 
 def dynamo_graphs() -> int:

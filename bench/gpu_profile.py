@@ -110,7 +110,8 @@ def _first_phase(method: str, hp, data) -> tuple[str | None, int]:
     phase 1 (C by DP-SGD). Its steps are timed apart from the main phase's and extrapolated separately.
     """
     if method in ("dpac", "efsgd"):
-        start = importlib.import_module(f"dpgen.{method}.train").classifier_start(hp)
+        module = {"dpac": "dpgen.dpac.method", "efsgd": "dpgen.efsgd.train"}[method]
+        start = importlib.import_module(module).classifier_start(hp)
         return ("classifier.start", int(start)) if start else (None, 0)
     if method == "feta" and str(hp.central) != "none":
         return "warmup_iters", int(hp.warmup_iters)
@@ -293,7 +294,7 @@ class _FlopWindow:
 
 
 class _Pretrain:
-    """What the hooks saw of the ensembles' discriminator pre-training (dpgen.dpac.train.pretrain).
+    """What the hooks saw of the ensembles' discriminator pre-training (dpgen.gswgan.train.pretrain).
 
     (A plain class, not a dataclass: tests load this file by path, outside sys.modules, where dataclasses
     cannot resolve the postponed annotations.)
@@ -432,7 +433,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
                 raise _Enough
             budget_.check(where)
 
-    train_mod = importlib.import_module("dpgen.dpac.train")  # the module (dpgen.dpac.train is also its function)
+    train_mod = importlib.import_module("dpgen.gswgan.train")  # the module (dpgen.gswgan.train is also its function)
     # the names pretrain() looks up in its module; one that a refactor removed is simply not observed (the
     # alarm backstop still enforces the budget, the notes say what could not be measured)
     originals = {name: getattr(train_mod, name) for name in ("pretrain", "critic_step", "GeneratorStack")
@@ -449,7 +450,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         return text
 
     def timed_pretrain(*args, **kwargs):
-        """dpgen.dpac.train.pretrain, timed on its own (to scale it to the paper's length), FLOP-counted over its
+        """dpgen.gswgan.train.pretrain, timed on its own (to scale it to the paper's length), FLOP-counted over its
         first warm-up iteration, reporting progress and stopped by the budget."""
         given = inspect.signature(originals["pretrain"]).bind_partial(*args, **kwargs).arguments
         disc, hp_ = given.get("disc"), given.get("hp")

@@ -82,7 +82,7 @@ def worker(method: str, steps: int, device: str, data_root: str) -> None:
             if method == "gswgan" or len(stamps) > steps:
                 raise _Enough
 
-    tr = __import__("dpgen.dpac.train", fromlist=["pretrain"])
+    tr = __import__("dpgen.gswgan.train", fromlist=["pretrain"])
     original = tr.pretrain
 
     def timed_pretrain(*a, **kw):

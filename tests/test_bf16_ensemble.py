@@ -21,10 +21,10 @@ import test_ensemble
 import test_gpate_train
 from test_gpate_train import digits  # noqa: F401  (the fixture, for the gpate isolation test)
 from dpgen.core.precision import ensemble_compute, ensemble_settings, training_precision
-from dpgen.dpac.ensemble import GeneratorStack, critic_step
-from dpgen.dpac.nets import ResNetGenerator, clf_init, disc_forward, disc_init
-from dpgen.dpac.sanitizer import Sanitizer
-from dpgen.dpac.train import generator_step
+from dpgen.gswgan.ensemble import GeneratorStack, critic_step
+from dpgen.gswgan.nets import ResNetGenerator, clf_init, disc_forward, disc_init
+from dpgen.gswgan.sanitizer import Sanitizer
+from dpgen.gswgan.train import generator_step
 from dpgen.ensemble import NetStack, batched_forward
 from dpgen.ensemble.functional import _member_grads
 from dpgen.nets.spectral import sn_init
@@ -92,7 +92,7 @@ def test_bf16_critic_step_matches_fp32_and_runs_in_bf16():
 
 
 def _critic(fwd, p, u, xr, yr, xf, yf, alpha):
-    from dpgen.dpac.ensemble import critic_loss
+    from dpgen.gswgan.ensemble import critic_loss
 
     return critic_loss(fwd, p, u, xr, yr, xf, yf, alpha, 10.0, 1e-3)
 

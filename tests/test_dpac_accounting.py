@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from dpgen.dpac.accounting import (gswgan_paper_epsilon, iteration_entries, paper_epsilon_fn, paper_max_iters,
+from dpgen.gswgan.accounting import (gswgan_paper_epsilon, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
 from dpgen.privacy import calibrate_noise_multiplier
 from dpgen.privacy.ledger import compute_epsilon

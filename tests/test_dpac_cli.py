@@ -21,7 +21,7 @@ def _check_run(run_dir, name: str, accounting: str = "sound") -> dict:
     for f in ("generator.pt", "privacy.json", "metrics.json", "samples.png"):
         assert (run_dir / f).is_file(), f
     payload = torch.load(run_dir / "generator.pt", weights_only=True)
-    assert payload["class"] == "dpgen.dpac.nets:ResNetGenerator"
+    assert payload["class"] == "dpgen.gswgan.nets:ResNetGenerator"
     assert all(k.startswith(("fc.", "blocks.", "out.")) for k in payload["state_dict"]), "only the generator"
     privacy = json.loads((run_dir / "privacy.json").read_text())
     assert privacy["accounting"] == accounting and privacy["entries"][0]["name"] == "dpac.generator"

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from dpgen.core.config import register_resolvers
 from dpgen.core.methods import CONFIG_DIR
-from dpgen.dpac.train import generator_lr
+from dpgen.gswgan.train import generator_lr
 
 SHARED = ("num_discriminators", "iters", "batch_size", "critic_iters", "pretrain_iters", "pretrain_chunk", "gp_weight",
           "drift", "lr", "g_lr", "betas", "ema", "z_dim", "g_width", "d_width", "clip")

@@ -13,7 +13,7 @@ def test_parameter_space_snr_scales_as_one_over_z():
     from functools import partial
 
     from dpgen.dpac.diagnose import probe_step
-    from dpgen.dpac.nets import ResNetGenerator, disc_init
+    from dpgen.gswgan.nets import ResNetGenerator, disc_init
     from dpgen.ensemble import NetStack
     from dpgen.nets.dct import dct_basis
     from dpgen.nets.spectral import sn_init
@@ -39,7 +39,8 @@ def test_measure_probes_every_iteration_of_a_real_run(tmp_path, one_torch_thread
     from dpgen.dpac.diagnose import measure
 
     rows = measure("gswgan", 10, 3, str(tmp_path / "data"), TINY["gswgan"], dataset="digits", bases=(16,))
-    assert len(rows) == 3 and set(rows[0]) == {"gnorm", "snr", "snr_L16", "kept_L16"}
+    assert len(rows) == 3 and set(rows[0]) == {"gnorm", "snr", "snr_L16", "kept_L16", "gnorm_D", "snr_D", "snr_all"}
+    assert all(r["snr_D"] == pytest.approx(r["snr_all"]) for r in rows), "one path: the update is that path"
     assert all(0 < r["snr"] < float("inf") for r in rows)
 
 
@@ -48,7 +49,7 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
 
     from tiny import train_in_memory
 
-    tr = importlib.import_module("dpgen.dpac.train")
+    tr = importlib.import_module("dpgen.gswgan.train")
     from dpgen.dpac.diagnose import probe_step
 
     over = [*TINY["gswgan"], "dpac.noise_multiplier=1"]
@@ -61,5 +62,52 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
 
     monkeypatch.setattr(tr, "generator_step", probed)
     watched, _, _ = train_in_memory("gswgan", tmp_path / "b", *over, noise_seed=4)
+    for (n, a), b in zip(plain.state_dict().items(), watched.state_dict().values()):
+        assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("method,over,paths", [
+    ("dpac", ["dpac.sanitize=per_path"], {"D", "C"}),
+    ("dpac", ["dpac.sanitize=joint"], {"DC"}),
+    ("efsgd", ["efsgd.sanitize=per_path"], {"d", "c", "e"}),
+    ("efsgd", ["efsgd.sanitize=joint"], {"dc", "e"}),
+    ("efsgd", ["efsgd.encoder.code=prior"], {"dc", "e"}),
+], ids=["dpac_per_path", "dpac_joint", "efsgd_per_path", "efsgd_joint", "efsgd_prior"])
+def test_every_release_path_is_probed_against_its_own_noise(tmp_path, one_torch_thread, method, over, paths):
+    """One snr_<path> per path the iteration releases (C's from t_c = 2 on, joint: D's path becomes D + C's);
+    doubling z halves the D path's signal/noise on the same state (a fixed secret draw: iteration 0 is the same
+    in both runs)."""
+    from dpgen.dpac.diagnose import measure
+
+    key = "efsgd" if method == "efsgd" else "dpac"
+    rows = {z: measure(method, 10, 3, str(tmp_path / "data"), [*TINY[method], *over, f"{key}.noise_multiplier={z}"],
+                       dataset="digits", noise_seed=0) for z in (20, 40)}
+    got = {k[4:] for k in rows[20][2] if k.startswith("snr_") and k not in ("snr_all", "snr_code")}
+    assert got == paths and len(rows[20]) == 3
+    assert ("snr_code" in rows[20][2]) == (method == "efsgd" and "efsgd.encoder.code=prior" not in over)
+    first = "D" if method == "dpac" else "d"  # before t_c every method releases D's gradient alone
+    assert rows[20][0][f"snr_{first}"] / rows[40][0][f"snr_{first}"] == pytest.approx(2.0, rel=1e-4)
+    assert all(0 < r["snr_all"] < float("inf") for r in rows[20])
+
+
+@pytest.mark.parametrize("method", ["dpac", "efsgd"])
+def test_the_path_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread, monkeypatch, method):
+    from tiny import train_in_memory
+
+    from dpgen.gswgan.diagnose import extension_classes, probe_paths
+
+    key = "efsgd" if method == "efsgd" else "dpac"
+    over = [*TINY[method], f"{key}.noise_multiplier=20", f"{key}.sanitize=per_path"]
+    plain, _, _ = train_in_memory(method, tmp_path / "a", *over, noise_seed=4)
+    cls, gen, seen = extension_classes()[method], torch.Generator().manual_seed(0), []
+    original = cls.generator_step
+
+    def probed(self, it, k):
+        seen.append(probe_paths(self, it, k, gen))
+        return original(self, it, k)
+
+    monkeypatch.setattr(cls, "generator_step", probed)
+    watched, _, _ = train_in_memory(method, tmp_path / "b", *over, noise_seed=4)
+    assert len(seen) == 4 and any(len(r) > 3 for r in seen), "the probe ran, with more than one path"
     for (n, a), b in zip(plain.state_dict().items(), watched.state_dict().values()):
         assert torch.equal(a, b), n

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dpgen.dpac.classifier import train_classifier
-from dpgen.dpac.ensemble import critic_step
-from dpgen.dpac.nets import clf_init, disc_forward, disc_init
+from dpgen.gswgan.ensemble import critic_step
+from dpgen.gswgan.nets import clf_init, disc_forward, disc_init
 from dpgen.ensemble import NetStack
 from dpgen.nets.spectral import sn_init
 
@@ -75,7 +75,7 @@ def test_classifier_trains_on_fake_then_real():
 def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
     from test_dpac_sanitizer import run_tiny
 
-    tr = importlib.import_module("dpgen.dpac.train")
+    tr = importlib.import_module("dpgen.dpac.method")  # DPAC's classifier phase
     seen: list[int] = []
     orig = tr.train_classifier
 
@@ -113,8 +113,8 @@ def test_a_kept_classifier_is_refused_under_sound_accounting(tmp_path, method):
 def test_warm_up_generator_stack_equals_separate_generators(vmapped):
     """Each stacked warm-up generator computes, and learns, exactly what its own nn.Module would: same forward,
     same spectral-norm power iteration, same Adam step (on the loop and the vmap path)."""
-    from dpgen.dpac.ensemble import GeneratorStack
-    from dpgen.dpac.nets import ResNetGenerator
+    from dpgen.gswgan.ensemble import GeneratorStack
+    from dpgen.gswgan.nets import ResNetGenerator
 
     m, b = 3, 4
     torch.manual_seed(0)

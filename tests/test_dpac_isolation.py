@@ -49,7 +49,7 @@ def _overrides(method: str, extra: list[str]) -> list[str]:
 
 def _train(method, accounting, overrides, run_dir, data, monkeypatch):
     """Train; return (drawn partitions, state after pre-training, final state)."""
-    tr = importlib.import_module("dpgen.dpac.train")
+    tr = importlib.import_module("dpgen.gswgan.train")
     drawn, pre = [], {}
     orig_phase, orig_setup = tr.critic_phase, tr.EnsembleSetup.resume_or_pretrain
 
@@ -63,8 +63,6 @@ def _train(method, accounting, overrides, run_dir, data, monkeypatch):
 
     monkeypatch.setattr(tr, "critic_phase", critic_phase)
     monkeypatch.setattr(tr.EnsembleSetup, "resume_or_pretrain", resume_or_pretrain)
-    if method == "efsgd":
-        monkeypatch.setattr(importlib.import_module("dpgen.efsgd.train"), "critic_phase", critic_phase)
     # both neighbouring runs draw the same mechanism randomness (privacy.noise_seed): isolation is a property of
     # each fixed draw, and only then are the partitions' states comparable bit for bit
     _, ledger, run = train_in_memory(method, run_dir, *overrides, data=data, accounting=accounting,

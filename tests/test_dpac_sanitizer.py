@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from dpgen.data.base import ImageDataset, Split
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.gswgan.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
 from dpgen.nets.spectral import sn_init
-from dpgen.dpac.sanitizer import Sanitizer
-from dpgen.dpac.train import generator_step
+from dpgen.gswgan.sanitizer import Sanitizer
+from dpgen.gswgan.train import generator_step
 from dpgen.privacy import PrivacyLedger
 from dpgen.privacy.randomness import secret_generator
 
@@ -148,8 +148,8 @@ def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
 
 
 def spy_sanitizers(monkeypatch) -> list:
-    """Every Sanitizer that dpgen.dpac.train builds from now on, in order of construction."""
-    tr = importlib.import_module("dpgen.dpac.train")  # the package attribute `train` is the function
+    """Every Sanitizer that dpgen.gswgan.train or dpgen.dpac.method builds from now on, in order of construction."""
+    tr = importlib.import_module("dpgen.gswgan.train")  # the package attribute `train` is the function
     made = []
 
     class Spy(tr.Sanitizer):
@@ -158,6 +158,7 @@ def spy_sanitizers(monkeypatch) -> list:
             made.append(self)
 
     monkeypatch.setattr(tr, "Sanitizer", Spy)
+    monkeypatch.setattr(importlib.import_module("dpgen.dpac.method"), "Sanitizer", Spy)
     return made
 
 
@@ -196,7 +197,7 @@ def test_joint_sanitiser_releases_one_path_and_the_ledger_charges_one(tmp_path, 
 
 
 def test_budget_guard_stops_a_run_with_too_little_noise(tmp_path):
-    from dpgen.dpac.accounting import iteration_entries
+    from dpgen.gswgan.accounting import iteration_entries
     from dpgen.privacy.ledger import compute_epsilon
 
     gen, ledger = run_tiny(tmp_path, noise_multiplier=4.0, target=3.0, iters=50)

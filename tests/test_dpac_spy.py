@@ -52,8 +52,9 @@ class Spy:
                 self.reads.append((what, m, m in owners))
 
     def _wrap(self, monkeypatch) -> None:
-        tr = importlib.import_module("dpgen.dpac.train")
+        tr = importlib.import_module("dpgen.gswgan.train")
         ef = importlib.import_module("dpgen.efsgd.train")
+        dm = importlib.import_module("dpgen.dpac.method")  # DPAC's classifier phase and sanitisers
         spy = self
 
         orig_step = tr.critic_step
@@ -63,16 +64,15 @@ class Spy:
             return orig_step(stack, fwd, members, xr, *a, **kw)
 
         monkeypatch.setattr(tr, "critic_step", critic_step)
-        for mod in (tr, ef):
-            orig_phase = mod.critic_phase
+        orig_phase = tr.critic_phase  # GS-WGAN's loop runs the critic phase of all three methods
 
-            def critic_phase(disc, parts, k, *a, _orig=orig_phase, **kw):
-                spy.k = int(k)
-                return _orig(disc, parts, k, *a, **kw)
+        def critic_phase(disc, parts, k, *a, **kw):
+            spy.k = int(k)
+            return orig_phase(disc, parts, k, *a, **kw)
 
-            monkeypatch.setattr(mod, "critic_phase", critic_phase)
+        monkeypatch.setattr(tr, "critic_phase", critic_phase)
 
-        orig_clf = tr.train_classifier
+        orig_clf = dm.train_classifier
 
         def train_classifier(clf, fake, real, *a, **kw):
             def checked_real():
@@ -81,7 +81,7 @@ class Spy:
                 return xr, yr
             return orig_clf(clf, fake, checked_real, *a, **kw)
 
-        monkeypatch.setattr(tr, "train_classifier", train_classifier)
+        monkeypatch.setattr(dm, "train_classifier", train_classifier)
 
         orig_enc = ef.encoder_step
 
@@ -104,7 +104,7 @@ class Spy:
 
         monkeypatch.setattr(ef, "encoder_input", encoder_input)
 
-        for mod, cls_name in ((tr, "Sanitizer"), (ef, "ErrorFeedbackSanitizer")):
+        for mod, cls_name in ((tr, "Sanitizer"), (dm, "Sanitizer"), (ef, "ErrorFeedbackSanitizer")):
             base = getattr(mod, cls_name)
 
             class SpySanitizer(base):
@@ -153,9 +153,11 @@ class Spy:
 
 
 @pytest.mark.parametrize("method,sanitize,basis", [("gswgan", None, None), ("dpac", "joint", None),
-                                                   ("dpac", "per_path", None), ("efsgd", None, None),
+                                                   ("dpac", "per_path", None), ("efsgd", "per_path", None),
+                                                   ("efsgd", "joint", None), ("efsgd", "joint_prior", None),
                                                    ("gswgan", None, 20), ("dpac", "per_path", 20)],
-                         ids=["gswgan", "dpac", "dpac_per_path", "efsgd", "gswgan_basis", "dpac_per_path_basis"])
+                         ids=["gswgan", "dpac", "dpac_per_path", "efsgd", "efsgd_joint", "efsgd_joint_prior",
+                              "gswgan_basis", "dpac_per_path_basis"])
 def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, basis, tmp_path, monkeypatch):
     """dpac's default (``dpac.sanitize=joint``, Eq. 9) releases one path per iteration, D's and C's gradients
     sanitised together; ``per_path`` (the official code) releases D's and, from t_c, C's apart. With
@@ -164,8 +166,13 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, b
     data = load_dataset("digits", str(tmp_path / "data"))
     spy = Spy(monkeypatch, data)
     key = "efsgd" if method == "efsgd" else "dpac"
-    extra = [f"dpac.sanitize={sanitize}"] if sanitize else []
+    extra = [f"dpac.sanitize={sanitize}"] if sanitize and method != "efsgd" else []
     extra += [f"dpac.grad_basis={basis}"] if basis else []
+    if method == "efsgd":  # per_path: the paper's e_d, e_c apart; joint (default): -D - λ_c·C through one sanitiser;
+        # joint_prior: and the reconstruction code drawn from G's prior (public: no code path, no encoder)
+        extra += [f"efsgd.sanitize={'per_path' if sanitize == 'per_path' else 'joint'}"]
+        extra += ["efsgd.encoder.code=prior"] if sanitize == "joint_prior" else []
+    prior = sanitize == "joint_prior"
     # σ fixed (no calibration: faster); the ledger and the guard treat it as any other run's
     # refresh_chunk=0 and a fixed secret draw (noise_seed) that revisits a partition within the 4 iterations, so efsgd
     # feeds an error state back (with OS entropy 4 draws of 4 partitions are all distinct 9% of the time)
@@ -180,7 +187,7 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, b
     # every record read by a per-member update lies in that member's partition
     kinds = {what for what, _, _ in spy.reads}
     assert {"critic"} <= kinds and ("classifier" in kinds) == (method != "gswgan")
-    assert ("encoder" in kinds) == (method == "efsgd")
+    assert ("encoder" in kinds) == (method == "efsgd" and not prior)
     bad = [(what, m) for what, m, ok in spy.reads if not ok]
     assert not bad, f"reads outside the member's partition: {bad[:5]}"
 
@@ -188,7 +195,8 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, b
     if method == "efsgd":  # error feedback: a row moves by at most 2 (C1 + C2)
         sens.update(d=2 * (c1 + C2), c=2 * (c1 + C2), e=2 * (c1 + C2))
     order = {"gswgan": ["d"], "dpac": ["d"] if sanitize == "joint" else ["d", "c"],
-             "efsgd": ["d", "c", "e", "code"]}[method]
+             "efsgd": {"per_path": ["d", "c", "e", "code"], "joint": ["d", "e", "code"],
+                       "joint_prior": ["d", "e"]}.get(sanitize)}[method]
     for t, (multipliers, q) in enumerate(steps):
         assert q == pytest.approx(1 / K)
         released = [e for e in spy.events if e["step"] == t]
@@ -196,7 +204,7 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(method, sanitize, b
         expected_paths = [p for p in order if p != "c" or t >= 2]  # tiny: the classifier starts at t_c = 2
         assert paths == expected_paths and len(multipliers) == len(paths), (t, paths, multipliers)
         # efsgd draws the noisy code twice: training E_k (encoder.steps = 1) and the release to G
-        assert sum(e["path"] == "code" for e in released) == (2 if method == "efsgd" else 0)
+        assert sum(e["path"] == "code" for e in released) == (2 if method == "efsgd" and not prior else 0)
         z_of = dict(zip(expected_paths, multipliers))
         for e in released:
             if e["path"] != "code":
@@ -221,17 +229,17 @@ def _planned_entries(method: str, z: float, n: int, sanitize: str | None = None)
     """The method's own ledger entries for n tiny iterations at per-sample multiplier z (sound accounting)."""
     if method == "efsgd":
         from dpgen.efsgd.accounting import iteration_entries
-        return iteration_entries(z, K, B, n, 2, True, True)
-    from dpgen.dpac.accounting import iteration_entries
+        return iteration_entries(z, K, B, n, 2 if sanitize == "per_path" else None, True, True)
+    from dpgen.gswgan.accounting import iteration_entries
     return iteration_entries(z, K, B, n, 2 if method == "dpac" and sanitize == "per_path" else None)
 
 
 @pytest.mark.parametrize("method,z,sanitize", [("gswgan", 6.0, None), ("dpac", 8.0, "per_path"), ("dpac", 6.0, "joint"),
-                                               ("efsgd", 10.0, None)])
+                                               ("efsgd", 10.0, "per_path")])
 def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, tmp_path):
     key = "efsgd" if method == "efsgd" else "dpac"
     target, planned = 3.0, 40
-    extra = [f"dpac.sanitize={sanitize}"] if sanitize else []
+    extra = [f"{key}.sanitize={sanitize}"] if sanitize else []
     _, ledger, _ = train_in_memory(method, tmp_path, f"{key}.noise_multiplier={z}", f"{key}.iters={planned}", *extra,
                                    eps=target)
     done = sum(e.count for e in ledger.entries)
@@ -243,7 +251,7 @@ def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, t
 
 
 def test_paper_budget_stops_at_the_paper_analysis_cap(tmp_path):
-    from dpgen.dpac.accounting import paper_max_iters
+    from dpgen.gswgan.accounting import paper_max_iters
 
     _, ledger, _ = train_in_memory("gswgan", tmp_path, "dpac.noise_multiplier=6", "dpac.iters=40", eps=3.0,
                                    accounting="paper")

@@ -30,8 +30,9 @@ def _tensors(obj):
 
 
 def test_efsgd_cli_run_releases_no_error_state(tmp_path):
-    res = run_script("train.py", "method=efsgd", "dataset=digits", *TINY_EFSGD, f"hydra.run.dir={tmp_path}/run",
-                     cwd=tmp_path)
+    # per_path (the paper's e_d, e_c, e_e): three error states and four paths from t_c on (joint: two and three)
+    res = run_script("train.py", "method=efsgd", "dataset=digits", *TINY_EFSGD, "efsgd.sanitize=per_path",
+                     f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     run_dir = tmp_path / "run"
     for f in ("generator.pt", "privacy.json", "metrics.json", "samples.png"):

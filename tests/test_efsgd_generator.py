@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from dpgen.core.generator import load_generator, save_generator
-from dpgen.dpac.nets import ResNetGenerator
+from dpgen.gswgan.nets import ResNetGenerator
 from dpgen.efsgd.nets import NoiseInjectionGenerator
 
 SHAPE = [1, 28, 28]

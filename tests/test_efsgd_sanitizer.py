@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import clf_init, disc_init
+from dpgen.gswgan.nets import clf_init, disc_init
 from dpgen.nets.spectral import sn_init
 from dpgen.efsgd.accounting import iteration_entries
 from dpgen.efsgd.nets import NoiseInjectionGenerator
@@ -79,8 +79,14 @@ def test_without_error_feedback_it_is_dpacs_clip():
 
 
 def test_error_clip_below_c1_is_rejected():
+    """C2 < C1 only under DiceSGD's rule (its noise formula assumes C2 >= C1); the sensitivity rule's noise
+    2(C1 + C2)z covers any C2 > 0, so a small C2 makes error feedback almost free (std -> 2·C1·z)."""
     with pytest.raises(ValueError, match="C2"):
-        ErrorFeedbackSanitizer(1.0, 1.0, 0.5, generator=secret_generator("cpu", seed=0))
+        ErrorFeedbackSanitizer(1.0, 1.0, 0.5, generator=secret_generator("cpu", seed=0), rule="dicesgd")
+    with pytest.raises(ValueError, match="C2"):
+        ErrorFeedbackSanitizer(1.0, 1.0, 0.0, generator=secret_generator("cpu", seed=0))
+    small = ErrorFeedbackSanitizer(1.0, 1.0, 0.05, generator=secret_generator("cpu", seed=0))
+    assert small.noise_std == pytest.approx(2 * (1.0 + 0.05) * 1.0) and small.sensitivity == pytest.approx(2.1)
 
 
 @pytest.mark.parametrize("rule", ["sensitivity", "dicesgd"])
@@ -149,6 +155,67 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
     for a, r in zip(grads, ref):
         r = torch.zeros_like(a) if r is None else r
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("prior", [False, True], ids=["joint", "joint_prior"])
+def test_joint_release_is_the_one_sanitised_weighted_sum_and_all_that_reaches_g(prior):
+    """``efsgd.sanitize=joint``: ONE error-feedback hook sees the per-sample gradient of −D − λ_c·C (the weights
+    before the clipping) and G's gradient is Jᵀ of that release (and of the reconstruction path's) / B, nothing
+    else; the C sanitiser is never called. With ``encoder.code=prior`` G's reconstruction input is public: it does
+    not move when the real batch and its labels change, and a row without a same-class record sends no gradient."""
+    from dpgen.efsgd.train import prior_recon_batch
+
+    torch.manual_seed(0)
+    b, c1, c2, lam = 8, 1e-3, 2e-4, 0.25  # C2 < C1: allowed under the sound rule
+    g_net = NoiseInjectionGenerator(10, SHAPE, z_dim=10, width=8, noise_injection=True, sigma_noise=0.1)
+    opt = torch.optim.SGD(g_net.parameters(), lr=0.0)
+    gi = secret_generator("cpu", seed=1)
+    disc = NetStack(partial(disc_init, 10, SHAPE, 4), sn_init, 3, gi, torch.device("cpu"))
+    clf = NetStack(partial(clf_init, 10, SHAPE, 4), sn_init, 1, gi, torch.device("cpu"))
+    san = {k: ErrorFeedbackSanitizer(c1, 0.7, c2, True, w, secret_generator("cpu", seed=2 + i), parts=3, classes=10)
+           for i, (k, w) in enumerate([("d", 1.0), ("c", lam), ("e", 1.0)])}
+    for s in san.values():
+        s.error = torch.randn(3, 10, *SHAPE)
+    xr, yr = torch.rand(b, *SHAPE), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    recon = None
+    if prior:
+        pub = torch.Generator().manual_seed(5)
+        recon = prior_recon_batch(g_net, xr, yr, 10, pub)
+        pub.manual_seed(5)
+        other = prior_recon_batch(g_net, torch.rand(b, *SHAPE), (yr + 5) % 10, 10, pub)
+        torch.testing.assert_close(recon[0], other[0], rtol=0, atol=0)  # the code: public, data-independent
+        torch.testing.assert_close(recon[2], other[2], rtol=0, atol=0)  # its labels (key the error states)
+        match = recon[2].unsqueeze(1) == yr.unsqueeze(0)
+        assert torch.equal(recon[3], match.any(1).float())
+        assert all((recon[1][i] == xr[yr == recon[2][i]]).all(1).all(1).all(1).any() for i in range(b) if recon[3][i])
+        assert 0 < recon[3].sum() < b, "setup: some rows matched, some not"
+    g = secret_generator("cpu", seed=4)
+    state = g.get_state()
+    generator_step(g_net, opt, disc, clf, torch.tensor([1]), san, b, 10, g, recon, joint=True)
+    grads = [p.grad.clone() for p in g_net.parameters()]
+    d = san["d"]
+    assert d.calls == 1 and san["c"].calls == 0 and (d.last_norms > c1).all(), "one hook, clipping active"
+    assert (d.last_direction.flatten(1).norm(dim=1) <= (c1 + c2) * (1 + 1e-5)).all(), "bounded before noise"
+    g.set_state(state)
+    g_net.eval()
+    y = torch.randint(0, 10, (b,), generator=g)
+    u_in = g_net.input_code(g_net.sample_z(b, g), y)
+    if prior:
+        u_in = torch.cat([u_in, recon[0]])
+    out = g_net.forward_input(u_in, g)
+    params = list(g_net.parameters())
+    x = out[:b].detach().requires_grad_(True)
+    (p, u), (pc, uc) = disc.member(1), clf.member(0)
+    from dpgen.gswgan.nets import clf_forward, disc_forward
+    whole = -(disc_forward(p, u, x, y).sum() + lam * clf_forward(pc, uc, x, y).sum())
+    (gx,) = torch.autograd.grad(whole, x)
+    torch.testing.assert_close(d.last_norms, gx.flatten(1).norm(dim=1), rtol=1e-4, atol=1e-7)
+    rel = [d.last_release / b] + ([san["e"].last_release / b] if prior else [])
+    ref = torch.autograd.grad(out, params, grad_outputs=torch.cat(rel), allow_unused=True)
+    for a, r in zip(grads, ref):
+        torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r, rtol=1e-4, atol=1e-7)
+    if prior:  # unmatched rows: zero gradient before the sanitiser (it then adds only noise)
+        assert (san["e"].last_norms[recon[3] == 0] == 0).all() and (san["e"].last_norms[recon[3] == 1] > 0).all()
 
 
 def test_encoder_code_is_clipped_and_noised():

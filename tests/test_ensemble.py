@@ -12,8 +12,8 @@ from functools import partial
 
 import torch
 
-from dpgen.dpac.ensemble import critic_step
-from dpgen.dpac.nets import disc_forward, disc_init
+from dpgen.gswgan.ensemble import critic_step
+from dpgen.gswgan.nets import disc_forward, disc_init
 from dpgen.ensemble import MemberStack, NetStack
 from dpgen.nets.spectral import sn_init
 

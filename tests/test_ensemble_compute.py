@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from dpgen.core.precision import ensemble_compute, ensemble_settings, training_precision
-from dpgen.dpac.ensemble import GeneratorStack, critic_loss, critic_step
-from dpgen.dpac.nets import ResNetGenerator, disc_forward, disc_init
+from dpgen.gswgan.ensemble import GeneratorStack, critic_loss, critic_step
+from dpgen.gswgan.nets import ResNetGenerator, disc_forward, disc_init
 from dpgen.ensemble import NetStack, batched_forward
 from dpgen.ensemble.compute import BatchedConv, conv2d_unfold
 from dpgen.ensemble.functional import _adam_rows, _member_grads

@@ -299,8 +299,8 @@ def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
     from omegaconf import OmegaConf
 
     from dpgen.core.dist import Dist
-    from dpgen.dpac.nets import ResNetGenerator, disc_init
-    from dpgen.dpac.train import Partitions, pretrain
+    from dpgen.gswgan.nets import ResNetGenerator, disc_init
+    from dpgen.gswgan.train import Partitions, pretrain
     from dpgen.ensemble import NetStack
     from dpgen.nets.spectral import sn_init
     from dpgen.privacy.randomness import secret_generator
@@ -342,7 +342,7 @@ class TestGswganRun:
     """gswgan on 1 and 2 processes: a work unit of its own (``make test-slow``)."""
 
     # 40-50 s (three interpreters, each calibrating the noise). Outside ``make test``, which covers its parts faster:
-    # the sharded pre-training, the only stage the ranks split (dpgen/dpac/train.py), bit for bit
+    # the sharded pre-training, the only stage the ranks split (dpgen/gswgan/train.py), bit for bit
     # (test_sharded_pretraining_equals_the_single_process_one), and the pipeline's 2-process path: the same ledger
     # and weights, rank 0 alone writing (TestDpdmRuns, TestGpateRuns).
     @pytest.mark.slow

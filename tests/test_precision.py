@@ -342,7 +342,7 @@ def test_sanitizer_release_is_bounded_and_fp32_under_bf16(kind):
     """The GS-WGAN/DPAC and EFSGD sanitizers on a bf16 generated batch: rows clipped in fp32 (≤ C, or
     C1 + C2 with error feedback), noise std as the analysis says, the release fp32; G gets its gradient in
     the batch's dtype."""
-    from dpgen.dpac.sanitizer import Sanitizer
+    from dpgen.gswgan.sanitizer import Sanitizer
     from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
 
     clip, z, b = 0.3, 1.1, 32

@@ -81,8 +81,8 @@ def test_the_run_hands_out_its_streams_with_the_noise_setting(tmp_path):
 
 def _entry_points():
     """(name, call(generator)) for every entry point a privacy analysis relies on."""
-    from dpgen.dpac.sanitizer import Sanitizer
-    from dpgen.dpac.train import Partitions
+    from dpgen.gswgan.sanitizer import Sanitizer
+    from dpgen.gswgan.train import Partitions
     from dpgen.dpaf.mechanisms import CompressedDPOptimizer, dpagg
     from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
     from dpgen.efsgd.train import encoder_input

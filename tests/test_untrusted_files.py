@@ -189,7 +189,7 @@ def test_sizes_are_bounded_before_anything_is_allocated(tree, monkeypatch):
 
 
 def _tiny_instances() -> dict[str, ReleasedGenerator]:
-    from dpgen.dpac.nets import ResNetGenerator
+    from dpgen.gswgan.nets import ResNetGenerator
     from dpgen.efsgd.nets import NoiseInjectionGenerator
     from dpgen.feta.generator import FetaGenerator
     from dpgen.gpate.nets import GPateGenerator, GPateTabularGenerator
@@ -197,7 +197,7 @@ def _tiny_instances() -> dict[str, ReleasedGenerator]:
     unet = {"nf": 4, "ch_mult": [1], "num_res_blocks": 1, "attn_res": [], "dropout": 0.0}
     return {
         "dpgen.nets.dcgan:CondGenerator": CondGenerator(**TINY_G),
-        "dpgen.dpac.nets:ResNetGenerator": ResNetGenerator(10, [1, 28, 28], z_dim=4, width=8),
+        "dpgen.gswgan.nets:ResNetGenerator": ResNetGenerator(10, [1, 28, 28], z_dim=4, width=8),
         "dpgen.efsgd.nets:NoiseInjectionGenerator": NoiseInjectionGenerator(10, [1, 28, 28], z_dim=4, width=8),
         "dpgen.gpate.nets:GPateGenerator": GPateGenerator(10, [1, 28, 28], z_dim=4, gf_dim=4, gfc_dim=8),
         "dpgen.gpate.nets:GPateTabularGenerator": GPateTabularGenerator(2, [5], z_dim=4, hidden=8, class_prior=[0.3, 0.7]),

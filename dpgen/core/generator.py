@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from dpgen.core.methods import RELEASED_GENERATORS
+from dpgen.core.methods import LEGACY_GENERATORS, RELEASED_GENERATORS
 from dpgen.core.untrusted import check_kwargs, check_plain, check_state_dict
 from dpgen.errors import DpgenError
 from dpgen.io import atomic_save
@@ -92,6 +92,8 @@ def released_generator_class(path: str) -> type:
 
     The class is checked to be a :class:`ReleasedGenerator` before anyone calls it.
     """
+    if isinstance(path, str):
+        path = LEGACY_GENERATORS.get(path, path)  # a class name written by an older run
     if not isinstance(path, str) or path not in RELEASED_GENERATORS:
         shown = path if isinstance(path, str) else type(path).__name__
         raise DpgenError(f"class {shown[:80]!r} is not a released dpgen generator "

@@ -41,7 +41,7 @@ class MethodInfo:
 #: every method ``method=<name>`` can select (one ``configs/method/<name>.yaml`` each)
 METHODS: dict[str, MethodInfo] = {
     "dpgan": MethodInfo("dpgen.dpgan", "dpgan"),
-    "gswgan": MethodInfo("dpgen.dpac", "dpac", multi_process=True),
+    "gswgan": MethodInfo("dpgen.gswgan", "dpac", multi_process=True),
     "dpac": MethodInfo("dpgen.dpac", "dpac", multi_process=True),
     "efsgd": MethodInfo("dpgen.efsgd", "efsgd", multi_process=True),
     "gpate": MethodInfo("dpgen.gpate", "gpate", multi_process=True),
@@ -54,12 +54,19 @@ METHODS: dict[str, MethodInfo] = {
 #: ``train`` returns. A new released class must be added here, or its runs cannot be loaded.
 RELEASED_GENERATORS: tuple[str, ...] = (
     "dpgen.nets.dcgan:CondGenerator",            # dpgan, dpaf
-    "dpgen.dpac.nets:ResNetGenerator",           # dpac, gswgan
+    "dpgen.gswgan.nets:ResNetGenerator",         # gswgan, dpac
     "dpgen.efsgd.nets:NoiseInjectionGenerator",  # efsgd
     "dpgen.gpate.nets:GPateGenerator",           # gpate (images)
     "dpgen.gpate.nets:GPateTabularGenerator",    # gpate (credit)
     "dpgen.feta.generator:FetaGenerator",        # feta, dpdm
 )
+
+
+#: class names written by older runs -> the registered class that now holds them (the code moved, the weights
+#: layout did not): ``generator.pt`` files saved before GS-WGAN became its own package still load.
+LEGACY_GENERATORS: dict[str, str] = {
+    "dpgen.dpac.nets:ResNetGenerator": "dpgen.gswgan.nets:ResNetGenerator",
+}
 
 
 def available(group: str) -> list[str]:

@@ -397,6 +397,7 @@ LATER_KEYS: dict[str, Any] = {
     "compile": False,                # issue 32: runs before the option ran eagerly
     "dpac.sanitize": "per_path",     # issue 26: dpac runs before the option sanitised D's and C's paths apart
     "dpac.grad_basis": None,         # issue 26: ... and released every pixel of the image gradient
+    "efsgd.sanitize": "per_path",    # efsgd runs before the option released D's and C's gradients apart
 }
 
 

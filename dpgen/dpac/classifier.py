@@ -5,7 +5,7 @@ and trained *sequentially*: n_f steps on fake samples, then n_r steps on real sa
 currently sampled discriminator's partition (ablation: ``order=parallel`` averages the two losses
 in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²] + ε·E[C(x, y)²],
 the gradient penalty taken at x itself and the drift ε = 1e-3 as in the official code. C is never released; its only path to
-G is the sanitised gradient (see :mod:`dpgen.dpac.sanitizer`).
+G is the sanitised gradient (see :mod:`dpgen.gswgan.sanitizer`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch.func import grad
 
 from dpgen.ensemble import NetStack, functional_step
-from dpgen.dpac.nets import Params, clf_forward
+from dpgen.gswgan.nets import Params, clf_forward
 
 Batch = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 ORDERS = ("sequential", "parallel")

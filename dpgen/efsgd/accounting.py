@@ -1,6 +1,6 @@
 """Privacy accounting of EFSGD generator iterations (dpac's, with more release paths).
 
-As in dpac (:mod:`dpgen.dpac.accounting`), one generator iteration samples one partition k
+As in dpac (:mod:`dpgen.gswgan.accounting`), one generator iteration samples one partition k
 (rate 1/K) and releases, per path, B per-sample rows, each with ℓ2 sensitivity 2·C (C = C1 for
 gradients, C_z for the encoder's latent codes) and noise std 2·C·z (times DiceSGD's factor with
 error feedback, whose cost the ledger takes to be that of the plain Gaussian, see
@@ -22,7 +22,7 @@ import math
 from typing import Callable
 
 
-from dpgen.dpac.accounting import paper_epsilon_fn as dpac_paper_epsilon_fn
+from dpgen.gswgan.accounting import paper_epsilon_fn as dpac_paper_epsilon_fn
 from dpgen.privacy import LedgerEntry
 
 ENTRY = "efsgd.generator"

@@ -1,6 +1,6 @@
 """EFSGD networks: the dpac ResNet generator with noise injection (Sec. 4.2, Alg. 1) and the encoder.
 
-* :class:`NoiseInjectionGenerator` is dpac's :class:`~dpgen.dpac.nets.ResNetGenerator` (same
+* :class:`NoiseInjectionGenerator` is dpac's :class:`~dpgen.gswgan.nets.ResNetGenerator` (same
   modules and weights layout) whose three GBlocks add element-wise N(0, σ_noise²) to the feature
   map right after each ×2 up-sampling, i.e. before the next convolution/activation (Alg. 1:
   input "upsampled image", output "noisy image"). The noise is drawn in training *and* sampling,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dpgen.dpac.nets import Params, ResNetGenerator, _dense, _features, _trunk_init, feature_dim
+from dpgen.gswgan.nets import Params, ResNetGenerator, dense, feature_dim, features, trunk_init
 
 
 class NoiseInjectionGenerator(ResNetGenerator):
@@ -41,11 +41,11 @@ class NoiseInjectionGenerator(ResNetGenerator):
 
 def enc_init(shape: list[int], width: int, z_dim: int, g: torch.Generator) -> Params:
     """One encoder: the DCGAN trunk of dpac's D/C and a linear head to the latent mean μ(x) ∈ R^z_dim."""
-    p = _trunk_init(shape, width, g)
-    p.update(_dense("mu", z_dim, feature_dim(shape, width), 1, g))
+    p = trunk_init(shape, width, g)
+    p.update(dense("mu", z_dim, feature_dim(shape, width), 1, g))
     return p
 
 
 def enc_forward(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
     """μ(x): spectrally normalised trunk features → linear mean head (the head is not normalised)."""
-    return _features(p, u, x) @ p["mu.w"].t() + p["mu.b"]
+    return features(p, u, x) @ p["mu.w"].t() + p["mu.b"]

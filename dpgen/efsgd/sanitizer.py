@@ -36,7 +36,7 @@ import math
 import torch
 
 from dpgen.core.precision import at_least_fp32, full_precision
-from dpgen.dpac.sanitizer import Sanitizer
+from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.privacy import clip_rows
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
 
@@ -75,8 +75,8 @@ class ErrorFeedbackSanitizer(Sanitizer):
                  weight: float = 1.0, generator: SecretGenerator | None = None, parts: int = 1, classes: int = 1,
                  rule: str = "sensitivity") -> None:
         super().__init__(clip, noise_multiplier, generator)
-        if clip_error < clip:
-            raise ValueError(f"error clip C2={clip_error} must be >= C1={clip} (DiceSGD)")
+        if clip_error <= 0 or (rule == "dicesgd" and clip_error < clip):  # sound rule: any C2 > 0 (2(C1+C2)z)
+            raise ValueError(f"error clip C2={clip_error} must be > 0, and >= C1={clip} under the dicesgd rule")
         ef_noise_std(clip, clip_error, noise_multiplier, error_feedback, rule)  # validates the rule
         self.clip_error, self.error_feedback, self.weight = float(clip_error), bool(error_feedback), float(weight)
         self.parts, self.classes, self.rule = int(parts), int(classes), rule

@@ -33,28 +33,24 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.data.torch_utils import image_train_tensors
-from dpgen.dpac.accounting import paper_max_iters
 from dpgen.dpac.classifier import ORDERS
+from dpgen.dpac.method import check_classifier_reuse, classifier_phase
 from dpgen.ensemble import NetStack
-from dpgen.dpac.nets import clf_forward, disc_forward
+from dpgen.gswgan.nets import clf_forward, disc_forward, onehot
+from dpgen.gswgan.train import PRETRAIN_NOTE, GsWgan, check_ensemble_hparams
+from dpgen.gswgan.train import plan_noise as gswgan_plan_noise
 from dpgen.nets.spectral import power_iteration, sn_init
-from dpgen.dpac.nets import onehot
-from dpgen.dpac.train import (PRETRAIN_NOTE, EnsembleSetup, IterationBudget, check_classifier_reuse,
-                              check_ensemble_hparams, classifier_phase, critic_phase, ema_update,
-                              refresh_phase)
-from dpgen.dpac.train import plan_noise as dpac_plan_noise
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
 from dpgen.efsgd.nets import NoiseInjectionGenerator, enc_forward, enc_init
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer, ef_noise_std, row_sensitivity
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, clip_rows
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise
-from dpgen.privacy.sampling import uniform_member
 
 log = logging.getLogger("dpgen")
 
-CODES = ("private", "raw")
+CODES = ("private", "raw", "prior")
+SANITIZE = ("joint", "per_path")
 EFSGD_NOTE = (
     "efsgd: the per-partition encoders E_k (trained without DP, like D_k), the latent codes and the "
     "error-feedback states e_d, e_c, e_e are never released; e holds raw unclipped gradient information "
@@ -76,6 +72,17 @@ CODE_NOTE = (
     "reconstruction: G's Jacobian on the reconstruction path is evaluated at the encoder input u(x, y), so u "
     "is released as clip([mu(x), onehot(y)], C_z) + N(0, (2*C_z*z)^2) and counted as one more path."
 )
+PRIOR_CODE_NOTE = (
+    "reconstruction with encoder.code=prior (Eq. 14 as written, z ~ P_z): G's input on the reconstruction path is "
+    "a code from G's prior with a label, both from the public stream, so the Jacobian there releases nothing; "
+    "row i's target is a record of the sampled partition with that label (rows without one carry no gradient), "
+    "and only the sanitised gradient, one path, depends on the data. The encoder is not used."
+)
+JOINT_NOTE = (
+    "efsgd.sanitize=joint: the per-sample gradient of -D_k - lambda_c*C w.r.t. the generated images (Eq. 15's "
+    "first two terms, one batch of images) is released through ONE error-feedback sanitiser, one path with one "
+    "error state, as DPAC's Eq. 9; the paper keeps e_d and e_c apart (efsgd.sanitize=per_path)."
+)
 RAW_CODE_NOTE = (
     "reconstruction with encoder.code=raw (as the paper): G is run at the exact encoder output of private "
     "records and their private labels; only the gradient w.r.t. G's output is sanitised, so the "
@@ -86,8 +93,13 @@ RAW_CODE_NOTE = (
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: str) -> None:
     """One-line DpgenErrors for bad user input."""
     check_ensemble_hparams(hp, n, "efsgd")
-    if float(hp.clip) <= 0 or float(hp.C2) < float(hp.clip):
-        raise DpgenError(f"efsgd needs 0 < clip (C1) <= C2, got clip={hp.clip}, C2={hp.C2}")
+    if float(hp.clip) <= 0 or float(hp.C2) <= 0:
+        raise DpgenError(f"efsgd needs clip (C1) > 0 and C2 > 0, got clip={hp.clip}, C2={hp.C2}")
+    if accounting == "paper" and float(hp.C2) < float(hp.clip):  # the paper's (DiceSGD's) noise rule assumes it
+        raise DpgenError(f"efsgd needs C2 >= clip (C1) under privacy.accounting=paper (DiceSGD), got clip={hp.clip}, "
+                         f"C2={hp.C2}")
+    if str(hp.get("sanitize", "per_path")) not in SANITIZE:
+        raise DpgenError(f"efsgd.sanitize must be one of {', '.join(SANITIZE)}, got {hp.sanitize!r}")
     for key in ("sigma_noise", "gamma_recon", "lambda_c"):
         if float(hp[key]) < 0:
             raise DpgenError(f"efsgd.{key} must be >= 0, got {hp[key]}")
@@ -119,7 +131,7 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | Non
                private_code: bool) -> float:
     """dpac's noise plan with efsgd's per-iteration entries (the encoder paths and code release count too)."""
     b, t = int(hp.batch_size), int(hp.iters)
-    return dpac_plan_noise(hp, ledger, k, c_start,
+    return gswgan_plan_noise(hp, ledger, k, c_start,
                            lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code))
 
 
@@ -152,15 +164,40 @@ def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Ten
     return loss.detach()
 
 
+def joint_c_path(loss: torch.Tensor, pc, uc, xs: torch.Tensor, y: torch.Tensor, weight: float) -> torch.Tensor:
+    """``efsgd.sanitize=joint``: C's term −λ_c·C(x̃, y) on the SAME sanitised view x̃ as D's, so one hook releases the
+    gradient of the weighted sum (one path, one error state)."""
+    return loss - weight * clf_forward(pc, uc, xs, y).sum()
+
+
+def prior_recon_batch(g_net: NoiseInjectionGenerator, xr: torch.Tensor, yr: torch.Tensor, ncls: int,
+                      g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``encoder.code=prior`` (Eq. 14 as written, L_En = E_{z~P_z}‖G(z) − x‖²): G's input on the reconstruction path
+    is a code from G's own prior with a label, both drawn from the PUBLIC stream ``g``, so G's Jacobian there
+    releases nothing and no code path is needed. Row i's target is a record of D's last real batch (partition k)
+    with that label, if any (mask 0 otherwise): only the gradient depends on the data, and the sanitiser bounds it.
+    Returns (u, targets, labels, mask); the labels (public) key the error states."""
+    b, dev = len(xr), xr.device
+    y = torch.randint(0, ncls, (b,), generator=g, device=dev)
+    u = g_net.input_code(g_net.sample_z(b, g, dev), y)
+    match = yr.unsqueeze(0) == y.unsqueeze(1)  # [generated row, real record]
+    j = match.to(torch.int8).argmax(1)  # the first real record of the row's class (0 when none: masked)
+    return u, xr[j], y, match.any(1).to(xr.dtype)
+
+
 def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
                    clf: NetStack | None, k: torch.Tensor, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
-                   g: torch.Generator, recon: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                   g: torch.Generator, recon: tuple[torch.Tensor, ...] | None = None, joint: bool = False
                    ) -> torch.Tensor:
-    """Eq. 15 through the sanitisers. ``recon`` = (u, x, y): the (released) encoder input, the real batch and
-    its labels (which key the reconstruction path's error states). ``k``: the sampled partition.
+    """Eq. 15 through the sanitisers. ``recon`` = (u, x, y[, mask]): the (released or public) encoder input, the
+    real batch and its labels (which key the reconstruction path's error states), and with ``encoder.code=prior``
+    a 0/1 row mask (rows without a real record of their class carry no gradient). ``k``: the sampled partition.
 
     Per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x̂_i; λ_c and γ_recon are the
-    sanitisers' ``weight`` (applied after clipping and noise). D_k and C are detached.
+    sanitisers' ``weight`` (applied after clipping and noise). ``joint`` (``efsgd.sanitize=joint``): D and C read
+    ONE sanitised view of the images, whose hook sees the per-sample gradient of the weighted sum
+    −D − λ_c·C (Eq. 15's first two terms, as DPAC's Eq. 9) and releases it once, with one error state. D_k and
+    C are detached.
     """
     dev = next(g_net.parameters()).device
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
@@ -170,117 +207,161 @@ def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer,
     out = g_net.forward_input(u_in, g)
     x = out[:b]
     p, u = disc.member(k)
-    loss = -disc_forward(p, u, san["d"](x, k, y), y).sum()
+    xs = san["d"](x, k, y)
+    loss = -disc_forward(p, u, xs, y).sum()
     if clf is not None:
         pc, uc = clf.member(0)
-        loss = loss - clf_forward(pc, uc, san["c"](x, k, y), y).sum()
+        if joint:  # λ_c weights C's gradient BEFORE the one sanitiser clips the sum (it is the loss's weight)
+            loss = joint_c_path(loss, pc, uc, xs, y, san["c"].weight)
+        else:
+            loss = loss - clf_forward(pc, uc, san["c"](x, k, y), y).sum()
     if recon is not None:
-        loss = loss + (san["e"](out[b:], k, recon[2]) - recon[1]).pow(2).sum()
+        diff = san["e"](out[b:], k, recon[2]) - recon[1]
+        if len(recon) > 3:  # encoder.code=prior: the row mask
+            diff = diff * recon[3].view(-1, *([1] * (diff.dim() - 1)))
+        loss = loss + diff.pow(2).sum()
     opt_g.zero_grad(set_to_none=True)
     loss.backward()
     opt_g.step()
     return loss.detach() / b
 
 
-def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> NoiseInjectionGenerator:
-    dev = run.device
-    x_all, y_all = image_train_tensors(data, dev, "efsgd")
-    n, ncls, shape = len(x_all), data.num_classes, list(data.shape)
-    check_hparams(hp, n, tuple(shape), ledger.accounting)
-    K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
-    c_start, recon = classifier_start(hp), recon_on(hp)
-    check_classifier_reuse(hp, ledger, "efsgd", c_start)
-    private_code = hp.encoder.code == "private"
-    betas, lr = tuple(hp.betas), float(hp.lr)
-    base = EnsembleSetup(hp, data, run, partial(NoiseInjectionGenerator, ncls, shape, int(hp.z_dim),
-                                                int(hp.g_width), bool(hp.noise_injection), float(hp.sigma_noise)))
-    parts, g_net, g_ema, opt_g = base.parts, base.g_net, base.g_ema, base.opt_g
-    data_gen, gen_gen, noise_gen = base.data_gen, base.gen_gen, base.noise_gen
-    disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
-    enc = (NetStack(partial(enc_init, shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, K, base.init_gen, dev,
-                    shared_init=bool(hp.get("shared_init", False)))
-           if recon else None)
+class Efsgd(GsWgan):
+    """EFSGD through GS-WGAN's extension points (module docstring): the noise-injection generator, the
+    per-partition encoders E_k and error states (extra per-partition state), the reconstruction path and the
+    released code (extra release paths), λ_c·C and γ_recon·‖G(u) − x‖² (extra loss paths)."""
 
-    state = run.resume_state["state"] if run.resume_state else None
-    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, c_start, recon, private_code)
-    ef, c1, c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
-    rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
-    san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, noise_gen, K, ncls, rule)
-           for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
-    zp = z_noise / math.sqrt(B)
-    # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
-    zp_ef = ef_noise_std(c1, c2, z_noise, ef, rule) / row_sensitivity(c1, c2, ef) / math.sqrt(B)
-    if ledger.accounting == "paper":
-        ledger.paper_epsilon = paper_epsilon_fn(B, zp / zp_ef if zp_ef > 0 else 1.0)
-    notes = [PRETRAIN_NOTE, EFSGD_NOTE]
-    if ef:
-        notes.append(EF_NOTE if ledger.accounting == "sound" else EF_PAPER_NOTE)
-    if recon:
-        notes.append(CODE_NOTE if private_code else RAW_CODE_NOTE)
-    for note in notes:
-        if note not in ledger.notes:
-            ledger.notes.append(note)
-    code_clip = float(hp.encoder.code_clip)
-    code_std = 2.0 * code_clip * z_noise
-    base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
-    if state:
-        if enc is not None:
-            enc.load_state_dict(state["enc"])
-        for name, s in san.items():
-            s.load_state_dict(state["errors"][name], dev)
-    paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
-                 if ledger.accounting == "paper" else T)
-    budget = IterationBudget(ledger, ENTRY, K, paper_cap)
-    log.info("efsgd: K=%d B=%d T=%d z=%.4f (per path %.4f) noise std %.4f, error_feedback=%s C2=%g, "
-             "noise_injection=%s (%g), recon=%s (%s code), classifier from %s, %s accounting", K, B, T, z_noise, zp,
-             san["d"].noise_std, ef, c2, bool(hp.noise_injection), float(hp.sigma_noise), recon, hp.encoder.code,
-             c_start, ledger.accounting)
+    name = "efsgd"
+    entry = ENTRY
+    data_name = "efsgd"
 
-    def snapshot() -> dict:
-        return {**base.state_dict(), "enc": enc.state_dict() if enc is not None else None,
-                "errors": {k: s.state_dict() for k, s in san.items()}, "noise_multiplier": z_noise}
+    def __init__(self, hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> None:
+        super().__init__(hp, data, ledger, run)
+        self.c_start, self.recon = classifier_start(hp), recon_on(hp)
+        self.private_code = hp.encoder.code == "private"
+        self.prior_code = hp.encoder.code == "prior"  # a public code: no encoder, no code path
+        self.joint = str(hp.get("sanitize", "per_path")) == "joint"  # D and λ_c·C through one sanitiser
+        self.ef, self.c1, self.c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
+        self.rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
 
-    def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def check(self, n: int, shape: tuple[int, ...]) -> None:
+        check_hparams(self.hp, n, shape, self.ledger.accounting)
+        check_classifier_reuse(self.hp, self.ledger, "efsgd", self.c_start)
+
+    def make_generator(self) -> NoiseInjectionGenerator:
+        hp = self.hp
+        return NoiseInjectionGenerator(self.ncls, self.shape, int(hp.z_dim), int(hp.g_width), bool(hp.noise_injection),
+                                       float(hp.sigma_noise))
+
+    def fake(self, m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        g_net, dev, gen = self.base.g_net, self.run.device, self.base.gen_gen
         if y is None:
-            y = torch.randint(0, ncls, (m,), generator=gen_gen, device=dev)
+            y = torch.randint(0, self.ncls, (m,), generator=gen, device=dev)
         with torch.no_grad():
-            return g_net(g_net.sample_z(m, gen_gen, dev), y, gen_gen), y
+            return g_net(g_net.sample_z(m, gen, dev), y, gen), y
 
-    run.start(T, desc=f"efsgd eps<={ledger.target_epsilon:g}")
-    it = run.start_step
-    loss_e = torch.full((), float("nan"), device=dev)
-    while it < T:
-        with_c = c_start is not None and it >= c_start
+    def build_state(self) -> None:
+        hp, base = self.hp, self.base
+        self.enc = (NetStack(partial(enc_init, self.shape, int(hp.encoder.width), int(hp.z_dim)), sn_init, self.K,
+                             base.init_gen, self.run.device, shared_init=bool(hp.get("shared_init", False)))
+                    if self.recon and not self.prior_code else None)
+        self.loss_e = torch.full((), float("nan"), device=self.run.device)
+
+    def plan_entries(self, z: float) -> list:
+        return iteration_entries(z, self.K, self.B, self.T, self.c_path_start, self.recon, self.private_code)
+
+    @property
+    def c_path_start(self) -> int | None:
+        """When C's gradient becomes a release path of its own: t_c per path, never when joint (it is in D's)."""
+        return None if self.joint else self.c_start
+
+    def setup_ledger(self, z_noise: float) -> None:
+        ledger, ef, c1, c2 = self.ledger, self.ef, self.c1, self.c2
+        # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
+        self.zp_ef = ef_noise_std(c1, c2, z_noise, ef, self.rule) / row_sensitivity(c1, c2, ef) / math.sqrt(self.B)
+        zp, zp_ef = self.zp, self.zp_ef
+        if ledger.accounting == "paper":
+            ledger.paper_epsilon = paper_epsilon_fn(self.B, zp / zp_ef if zp_ef > 0 else 1.0)
+        notes = [PRETRAIN_NOTE, EFSGD_NOTE]
+        if ef:
+            notes.append(EF_NOTE if ledger.accounting == "sound" else EF_PAPER_NOTE)
+        if self.joint and self.c_start is not None:
+            notes.append(JOINT_NOTE)
+        if self.recon:
+            notes.append(CODE_NOTE if self.private_code else PRIOR_CODE_NOTE if self.prior_code else RAW_CODE_NOTE)
+        for note in notes:
+            if note not in ledger.notes:
+                ledger.notes.append(note)
+        self.code_clip = float(self.hp.encoder.code_clip)
+        self.code_std = 2.0 * self.code_clip * z_noise
+
+    def build_sanitizers(self, z_noise: float, basis: torch.Tensor | None) -> None:
+        hp, K, ncls, ef, c1, c2, rule = self.hp, self.K, self.ncls, self.ef, self.c1, self.c2, self.rule
+        noise_gen = self.base.noise_gen
+        san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, noise_gen, K, ncls, rule)
+               for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
+        self.san = san
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.enc is not None:
+            self.enc.load_state_dict(state["enc"])
+        for name, s in self.san.items():
+            s.load_state_dict(state["errors"][name], self.run.device)
+
+    def state_dict(self) -> dict:
+        return {"enc": self.enc.state_dict() if self.enc is not None else None,
+                "errors": {k: s.state_dict() for k, s in self.san.items()}}
+
+    def describe(self, z_noise: float, basis: torch.Tensor | None) -> str:
+        hp = self.hp
+        return (f"efsgd: K={self.K} B={self.B} T={self.T} z={z_noise:.4f} (per path {self.zp:.4f}) noise std "
+                f"{self.san['d'].noise_std:.4f}, error_feedback={self.ef} C2={self.c2:g}, noise_injection="
+                f"{bool(hp.noise_injection)} ({float(hp.sigma_noise):g}), recon={self.recon} ({hp.encoder.code} code), "
+                f"classifier from {self.c_start}, {self.ledger.accounting} accounting")
+
+    def with_c(self, it: int) -> bool:
+        return self.c_start is not None and it >= self.c_start
+
+    def release_paths(self, it: int) -> tuple[float, ...]:
         # one Gaussian per path (paths_at counts them): D, C from t_c, reconstruction gradient, released code
-        paths = (zp_ef,) + (zp_ef,) * with_c + ((zp_ef,) + (zp,) * private_code if recon else ())
-        assert len(paths) == paths_at(it, c_start, recon, private_code)
-        if not budget.allows(it, paths):
-            break
-        k = uniform_member(K, data_gen, dev)
-        loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, data_gen)
-        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, data_gen)
-        recon_batch = None
-        if recon:  # E_k on D's last real batch (same samples and labels), then the released code
+        zp, zp_ef, recon, private_code = self.zp, self.zp_ef, self.recon, self.private_code
+        c_path = self.with_c(it) and not self.joint
+        paths = (zp_ef,) + (zp_ef,) * c_path + ((zp_ef,) + (zp,) * private_code if recon else ())
+        assert len(paths) == paths_at(it, self.c_path_start, recon, private_code)
+        return paths
+
+    def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
+        hp, base, ncls = self.hp, self.base, self.ncls
+        lr, betas = float(hp.lr), tuple(hp.betas)
+        self.recon_batch = None
+        if self.recon and self.prior_code:  # Eq. 14 as written: a public code from G's prior
+            self.recon_batch = prior_recon_batch(base.g_net, xr[0], yr[0], ncls, base.gen_gen)
+        elif self.recon:  # E_k on D's last real batch (same samples and labels), then the released code
+            enc, private_code, code_clip, code_std = self.enc, self.private_code, self.code_clip, self.code_std
             x_rec, y_rec = xr[0], yr[0]
             for _ in range(int(hp.encoder.steps)):
-                loss_e = encoder_step(enc, k, x_rec, y_rec, g_net, ncls, private_code, code_clip, code_std,
-                                      float(hp.encoder.kl_weight), lr, betas, gen_gen, noise_gen)
+                self.loss_e = encoder_step(enc, k, x_rec, y_rec, base.g_net, ncls, private_code, code_clip, code_std,
+                                           float(hp.encoder.kl_weight), lr, betas, base.gen_gen, base.noise_gen)
             with torch.no_grad():
                 pe, ue = enc.member(k)
                 code = encoder_input(enc_forward(pe, ue, x_rec), y_rec, ncls, private_code, code_clip, code_std,
-                                     noise_gen)
-            recon_batch = (code, x_rec, y_rec)
-        if with_c:
-            classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
-                             clf_init_fn, lr, betas, base.init_gen, data_gen)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san, B, ncls, gen_gen,
-                                recon_batch)
-        budget.record(paths)
-        ema_update(g_ema, g_net, float(hp.ema), it)
-        it += 1
-        scalars = {"loss_d": loss_d.mean(), "loss_g": loss_g}  # tensors: Run syncs them at log time only
-        if recon:
-            scalars["loss_e"] = loss_e
-        run.step_done(it, scalars, snapshot)
-    run.finish(it, snapshot())
-    return g_ema.eval()
+                                     base.noise_gen)
+            self.recon_batch = (code, x_rec, y_rec)
+        if self.with_c(it):
+            classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, ncls,
+                             bool(hp.classifier.reinit) or it == self.c_start, base.clf_init, lr, betas,
+                             base.init_gen, base.data_gen)
+
+    def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
+        b = self.base
+        return generator_step(b.g_net, b.opt_g, b.disc, b.clf if self.with_c(it) else None, k, self.san, self.B,
+                              self.ncls, b.gen_gen, self.recon_batch, self.joint)
+
+    def scalars(self) -> dict:
+        return {"loss_e": self.loss_e} if self.recon else {}
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> NoiseInjectionGenerator:
+    """``method=efsgd``: DPAC (GS-WGAN's loop + the classifier) with error feedback, reconstruction and noise
+    injection, through :class:`Efsgd`'s extension points."""
+    return Efsgd(hp, data, ledger, run).train()

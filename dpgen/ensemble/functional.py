@@ -30,7 +30,7 @@ class NetStack(MemberStack):
     """K networks ``init(g)`` with spectral-norm vectors ``sn(params, g)`` (kept as the stack's buffers ``u``).
 
     Every process holds all K members (the GS-WGAN main phase may sample any of them); pre-training splits the work
-    over ranks and shares the rows instead (``dpgen.dpac.train.pretrain``).
+    over ranks and shares the rows instead (``dpgen.gswgan.train.pretrain``).
     """
 
     def __init__(self, init: Init, sn: SNInit, k: int, g: torch.Generator, device: torch.device,

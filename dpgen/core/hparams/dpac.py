@@ -59,7 +59,7 @@ class EnsembleHparams:
 
 def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
     """``classifier.reinit=false`` carries earlier partitions into C: refused under sound accounting (before any
-    run directory exists; dpgen.dpac.train.check_classifier_reuse repeats it at training time)."""
+    run directory exists; dpgen.gswgan.train.check_classifier_reuse repeats it at training time)."""
     from dpgen.privacy.validation import parse_epsilon
 
     clf = node.get("classifier")

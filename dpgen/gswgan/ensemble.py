@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from dpgen.dpac.nets import Forward, Params
+from dpgen.gswgan.nets import Forward, Params
 from dpgen.ensemble import MemberStack, NetStack, functional_step
 from dpgen.ensemble.compute import member_forward, to_compute
 

@@ -1,4 +1,5 @@
-"""GS-WGAN (Chen et al. 2020) and DP-GAN-DPAC (Chen et al. CVPR'23, Alg. 1) training loop.
+"""GS-WGAN's training loop (Chen et al. 2020, Alg. 1), shared by DP-GAN-DPAC and EFSGD through the named
+extension points of :class:`GsWgan` (:mod:`dpgen.dpac.method`, :mod:`dpgen.efsgd.train`).
 
 Privacy structure. The training set is split into K disjoint partitions, one per discriminator.
 The discriminators (and DPAC's classifier C) are trained WITHOUT DP — first pre-trained on their
@@ -6,7 +7,7 @@ own partitions, then updated whenever they are sampled — and are never release
 "teachers". What leaves them is only ∇_{G(z)} L_G, which the :class:`Sanitizer` clips per sample
 and noises before it reaches G (paper eq. 9). The DP guarantee therefore covers exactly the
 sequence of sanitised gradients (and G, its post-processing): each generator iteration is one
-event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.dpac.accounting`).
+event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.gswgan.accounting`).
 """
 from __future__ import annotations
 
@@ -25,15 +26,14 @@ from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
-from dpgen.dpac.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
+from dpgen.gswgan.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
-from dpgen.dpac.classifier import ORDERS, train_classifier
-from dpgen.dpac.ensemble import GeneratorStack, critic_step
+from dpgen.gswgan.ensemble import GeneratorStack, critic_step
 from dpgen.ensemble import NetStack, batched_forward
-from dpgen.dpac.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.gswgan.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
 from dpgen.nets.dct import dct_basis
 from dpgen.nets.spectral import sn_init
-from dpgen.dpac.sanitizer import Sanitizer
+from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
 from dpgen.privacy.randomness import SecretGenerator, derive_seed, require_secret
@@ -76,38 +76,14 @@ def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
         raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1")
 
 
-KEPT_CLASSIFIER_NOTE = (
-    "classifier.reinit=false: C keeps what it learned on earlier partitions, so its gradients at an iteration "
-    "depend on every partition sampled since t_c, not only on the sampled one; the C path is not a 1/K-sampled "
-    "release and the paper analysis does not cover it."
-)
-
-
-def check_classifier_reuse(hp: DictConfig, ledger: PrivacyLedger, prefix: str, c_start: int | None) -> None:
-    """``classifier.reinit=false`` breaks the per-partition argument of the C path (C carries partition j into
-    the release of an iteration that sampled k): refused when the ledger must be a valid bound."""
-    if c_start is None or bool(hp.classifier.reinit):
-        return
-    if ledger.accounting == "sound" and not ledger.privacy_off:
-        raise DpgenError(f"{prefix}.classifier.reinit=false carries earlier partitions into C, which the sound "
-                         f"ledger cannot charge at rate 1/K; use {prefix}.classifier.reinit=true or "
-                         "privacy.accounting=paper")
-    if KEPT_CLASSIFIER_NOTE not in ledger.notes:
-        ledger.notes.append(KEPT_CLASSIFIER_NOTE)
-
-
-def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
-    """One-line DpgenErrors for bad user input."""
-    check_ensemble_hparams(hp, n, "dpac")
-    if not 0.0 <= float(hp.beta) <= 1.0:
-        raise DpgenError(f"dpac.beta={hp.beta} must be in [0, 1]")
-    if hp.classifier.order not in ORDERS:
-        raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], prefix: str = "dpac") -> None:
+    """One-line DpgenErrors for bad user input (GS-WGAN's keys; :mod:`dpgen.dpac.method` adds DPAC's)."""
+    check_ensemble_hparams(hp, n, prefix)
     if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
         raise DpgenError(f"dpac/gswgan generate images up to 32x32; this dataset has shape {shape}")
     basis, d = hp.get("grad_basis"), math.prod(shape)
     if basis is not None and not 1 <= int(basis) <= d:
-        raise DpgenError(f"dpac.grad_basis={basis} must be between 1 and the image size {d} (or null)")
+        raise DpgenError(f"{prefix}.grad_basis={basis} must be between 1 and the image size {d} (or null)")
 
 
 def sanitizer_basis(hp: DictConfig, shape: list[int], device: torch.device) -> torch.Tensor | None:
@@ -125,13 +101,6 @@ def generator_lr(hp: DictConfig) -> float:
     """
     g_lr = hp.get("g_lr")
     return float(hp.lr if g_lr is None else g_lr)
-
-
-def classifier_start(hp: DictConfig) -> int | None:
-    """t_c, or None when C is off (GS-WGAN baseline: β = 1 or classifier.enabled = false)."""
-    if not bool(hp.classifier.enabled) or float(hp.beta) >= 1.0:
-        return None
-    return int(hp.classifier.start)
 
 
 def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None,
@@ -324,28 +293,6 @@ def refresh_phase(disc: NetStack, parts: "Partitions", it: int, x_all: torch.Ten
                 float(hp.gp_weight), float(hp.drift), lr, betas)
 
 
-def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
-                     fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
-                     init_gen: torch.Generator, data_gen: SecretGenerator) -> None:
-    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
-
-    As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
-    and reused by every fake step; each real step draws a fresh batch of partition k (from the secret
-    ``data_gen``; C's re-initialisation draws from the public ``init_gen``).
-    """
-    if reset:
-        clf.reset(init_fn, sn_init, init_gen)
-    dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
-    fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
-
-    def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        i = parts.sample(k, b, data_gen)[0]
-        return x_all[i], y_all[i]
-
-    train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                     hp.classifier.order, float(hp.gp_weight), lr, betas, float(hp.drift))
-
-
 class EnsembleSetup:
     """What GS-WGAN/DPAC and EFSGD build identically: the random streams, the K partitions, G with its
     EMA copy and optimiser, the discriminator ensemble and the classifier (in this order, which fixes
@@ -390,72 +337,169 @@ class EnsembleSetup:
                      dist=run.dist)
 
 
-def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
-    dev = run.device
-    x_all, y_all = image_train_tensors(data, dev, "dpac/gswgan")
-    n, ncls, shape = len(x_all), data.num_classes, list(data.shape)
-    check_hparams(hp, n, tuple(shape))
-    K, B, T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
-    c_start = classifier_start(hp)
-    check_classifier_reuse(hp, ledger, "dpac", c_start)
-    betas = tuple(hp.betas)
-    base = EnsembleSetup(hp, data, run, partial(ResNetGenerator, ncls, shape, int(hp.z_dim), int(hp.g_width)))
-    parts, g_net, g_ema, opt_g = base.parts, base.g_net, base.g_ema, base.opt_g
-    data_gen, gen_gen = base.data_gen, base.gen_gen
-    disc, clf, clf_init_fn = base.disc, base.clf, base.clf_init
+class GsWgan:
+    """GS-WGAN's training (Chen et al. 2020, Alg. 1) with the named extension points that DPAC
+    (:class:`dpgen.dpac.method.Dpac`) and EFSGD (:mod:`dpgen.efsgd.train`) override.
 
-    state = run.resume_state["state"] if run.resume_state else None
-    joint = str(hp.sanitize) == "joint"  # Eq. (9): one sanitiser on the gradient of the whole loss L_G
-    z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, None if joint else c_start)
-    if ledger.accounting == "paper":
-        ledger.paper_epsilon = paper_epsilon_fn(B)
-    for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
-        if note not in ledger.notes:  # a resumed ledger already carries them
-            ledger.notes.append(note)
-    base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
-    basis = sanitizer_basis(hp, shape, dev)
-    san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
-    san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
-    zp = z_noise / math.sqrt(B)
-    paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
-                 if ledger.accounting == "paper" else T)
-    budget = IterationBudget(ledger, ENTRY, K, paper_cap)
-    log.info("dpac: K=%d B=%d T=%d z=%.4f (per path %.4f) classifier from %s, %s sanitiser on %s, %s accounting", K, B,
-             T, z_noise, zp, c_start, "joint" if joint else "per-path",
-             "every pixel" if basis is None else f"{basis.shape[1]} DCT coefficients", ledger.accounting)
+    This class IS GS-WGAN: one release path per iteration (D_k's sanitised image gradient, Eq. 5) and no state
+    beyond the discriminator ensemble. The extension points, each a method:
 
-    def snapshot() -> dict:
-        return {**base.state_dict(), "noise_multiplier": z_noise}
+    * extra release paths: :meth:`plan_entries` (the ledger entries of all iterations at a noise multiplier z, for
+      calibration), :meth:`build_sanitizers` and :meth:`release_paths` (the multipliers of the Gaussians iteration
+      ``it`` releases, recorded as ONE event sampled at 1/K);
+    * extra per-partition state: :meth:`partition_phase` (networks trained on the sampled partition k after
+      D_k's critic steps: DPAC's classifier C, EFSGD's encoder E_k; never released), :meth:`state_dict` /
+      :meth:`load_state_dict` (what the checkpoint keeps besides the ensemble);
+    * extra loss paths: :meth:`generator_step` (G's sanitised step; :func:`generator_step` takes DPAC's optional
+      classifier path) and :meth:`scalars` (what is logged besides loss_d and loss_g).
+    """
 
-    def fake(m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    name = "gswgan"
+    entry = ENTRY  # the ledger entries' name
+    data_name = "dpac/gswgan"  # for error messages about the data
+
+    def __init__(self, hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> None:
+        self.hp, self.data, self.ledger, self.run = hp, data, ledger, run
+        self.ncls, self.shape = data.num_classes, list(data.shape)
+        self.K, self.B, self.T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
+        self.c_start: int | None = None  # t_c of an auxiliary classifier (DPAC); GS-WGAN has none
+
+    # -- configuration -------------------------------------------------------------------------------------------
+    def check(self, n: int, shape: tuple[int, ...]) -> None:
+        """One-line DpgenErrors for bad user input."""
+        check_hparams(self.hp, n, shape)
+        if bool(self.hp.classifier.enabled) and float(self.hp.beta) < 1.0:
+            raise DpgenError("method=gswgan has no auxiliary classifier (dpac.classifier.enabled=true with "
+                             "dpac.beta < 1); use method=dpac")
+
+    def plan_entries(self, z: float) -> list:
+        """Ledger entries of all ``iters`` iterations at per-sample multiplier z (extra release paths: override)."""
+        return iteration_entries(z, self.K, self.B, self.T, None)
+
+    def build_sanitizers(self, z_noise: float, basis: torch.Tensor | None) -> None:
+        """D's sanitiser (Eq. 5: clip to C, noise std 2Cz per row); an extension adds its paths' sanitisers."""
+        hp, base = self.hp, self.base
+        self.san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+
+    # -- per iteration -------------------------------------------------------------------------------------------
+    def release_paths(self, it: int) -> tuple[float, ...]:
+        """The multiplier (noise std ÷ ℓ2 sensitivity of the path's B rows) of every path iteration ``it`` releases."""
+        return (self.zp,)
+
+    def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
+        """Extra per-partition training on partition k after D_k's critic steps (``xr, yr``: D's last real batch)."""
+
+    def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
+        """Alg. 1 lines 9-10: G's step through the sanitiser of D_k's gradient."""
+        b = self.base
+        return generator_step(b.g_net, b.opt_g, b.disc, None, k, self.san_d, None, float(self.hp.beta), self.B,
+                              self.ncls, b.gen_gen)
+
+    def scalars(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved."""
+
+    def describe(self, z_noise: float, basis: torch.Tensor | None) -> str:
+        """The run's setup line in the log."""
+        return (f"{self.name}: K={self.K} B={self.B} T={self.T} z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
+                f"from {self.c_start}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
+                f"{'every pixel' if basis is None else f'{basis.shape[1]} DCT coefficients'}, "
+                f"{self.ledger.accounting} accounting")
+
+    def build_state(self) -> None:
+        """Extra per-partition networks, built right after the ensemble (from the public ``init`` stream)."""
+
+    def setup_ledger(self, z_noise: float) -> None:
+        """The paper analysis' ε function and the ledger's notes (an extension has its own)."""
+        ledger = self.ledger
+        if ledger.accounting == "paper":
+            ledger.paper_epsilon = paper_epsilon_fn(self.B)
+        for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
+            if note not in ledger.notes:  # a resumed ledger already carries them
+                ledger.notes.append(note)
+
+    # -- the run -------------------------------------------------------------------------------------------------
+    def fake(self, m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """m of G's samples (labels ``y`` or uniform ones) from the public ``gen`` stream, without gradients."""
+        g_net, dev = self.base.g_net, self.run.device
         if y is None:
-            y = torch.randint(0, ncls, (m,), generator=gen_gen, device=dev)
+            y = torch.randint(0, self.ncls, (m,), generator=self.base.gen_gen, device=dev)
         with torch.no_grad():
-            return g_net(g_net.sample_z(m, gen_gen, dev), y), y
+            return g_net(g_net.sample_z(m, self.base.gen_gen, dev), y), y
 
-    run.start(T, desc=f"{'dpac' if c_start is not None else 'gswgan'} eps<={ledger.target_epsilon:g}")
+    def make_generator(self) -> torch.nn.Module:
+        return ResNetGenerator(self.ncls, self.shape, int(self.hp.z_dim), int(self.hp.g_width))
+
+    def train(self) -> ResNetGenerator:
+        hp, ledger, run, data = self.hp, self.ledger, self.run, self.data
+        dev = run.device
+        x_all, y_all = image_train_tensors(data, dev, self.data_name)
+        self.x_all, self.y_all = x_all, y_all
+        n, ncls, shape = len(x_all), self.ncls, self.shape
+        self.check(n, tuple(shape))
+        K, B, T = self.K, self.B, self.T
+        self.base = base = EnsembleSetup(hp, data, run, self.make_generator)
+        state = run.resume_state["state"] if run.resume_state else None
+        self.build_state()
+        z_noise = float(state["noise_multiplier"]) if state else plan_noise(hp, ledger, K, None, self.plan_entries)
+        self.zp = z_noise / math.sqrt(B)
+        self.setup_ledger(z_noise)
+        base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
+        basis = sanitizer_basis(hp, shape, dev)
+        self.build_sanitizers(z_noise, basis)
+        if state:
+            self.load_state_dict(state)
+        paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
+                     if ledger.accounting == "paper" else T)
+        budget = IterationBudget(ledger, self.entry, K, paper_cap)
+        log.info("%s", self.describe(z_noise, basis))
+
+        def snapshot() -> dict:
+            return {**base.state_dict(), **self.state_dict(), "noise_multiplier": z_noise}
+
+        run.start(T, desc=f"{self.name} eps<={ledger.target_epsilon:g}")
+        it = run_iterations(self, budget, x_all, y_all, snapshot, float(hp.lr))
+        run.finish(it, snapshot())
+        return base.g_ema.eval()
+
+
+def run_iterations(ext: GsWgan, budget: IterationBudget, x_all: torch.Tensor, y_all: torch.Tensor,
+                   snapshot: Callable[[], dict], lr: float) -> int:
+    """GS-WGAN's generator iterations (Alg. 1), shared by gswgan, dpac and efsgd through ``ext``'s extension points.
+
+    Per iteration: the budget check for the paths it will release, k ~ U[1, K] from the secret stream (line 2),
+    D_k's critic steps on partition k (lines 3-8), the optional refresh of other discriminators on their own
+    partitions, the extension's per-partition phase, G's sanitised step (lines 9-10), the ledger record of ONE
+    event sampled at 1/K with one Gaussian per path, G's EMA. Returns the number of iterations done.
+    """
+    hp, run, base = ext.hp, ext.run, ext.base
+    dev, K, T, betas = run.device, ext.K, ext.T, tuple(hp.betas)
     it = run.start_step
     while it < T:
-        with_c = c_start is not None and it >= c_start
-        # D, and C from t_c with per-path sanitisers (official code): noise 2Cz per row, sensitivity 2C per row;
-        # one path when the gradient of β·D + (1−β)·C is sanitised at once (Eq. 9)
-        paths = (zp, zp) if with_c and not joint else (zp,)
+        paths = ext.release_paths(it)
         if not budget.allows(it, paths):
             break
-        k = uniform_member(K, data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
-        loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
-        refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
-        if with_c:
-            classifier_phase(clf, parts, k, x_all, y_all, fake, hp, ncls, bool(hp.classifier.reinit) or it == c_start,
-                             clf_init_fn, float(hp.lr), betas, base.init_gen, data_gen)
-        loss_g = generator_step(g_net, opt_g, disc, clf if with_c else None, k, san_d, san_c, float(hp.beta),
-                                B, ncls, gen_gen)
-        budget.record(paths)  # one sampled event with one Gaussian z/sqrt(B) per path
-        ema_update(g_ema, g_net, float(hp.ema), it)
+        k = uniform_member(K, base.data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
+        loss_d, xr, yr = critic_phase(base.disc, base.parts, k, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
+        refresh_phase(base.disc, base.parts, it, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
+        ext.partition_phase(it, k, xr, yr)
+        loss_g = ext.generator_step(it, k)
+        budget.record(paths)  # one sampled event with one Gaussian per path
+        ema_update(base.g_ema, base.g_net, float(hp.ema), it)
         it += 1
-        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g}, snapshot)  # tensors: synced at log time
-    run.finish(it, snapshot())
-    return g_ema.eval()
+        # tensors: Run syncs them at log time only
+        run.step_done(it, {"loss_d": loss_d.mean(), "loss_g": loss_g, **ext.scalars()}, snapshot)
+    return it
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
+    """``method=gswgan``: GS-WGAN (β = 1, no classifier)."""
+    return GsWgan(hp, data, ledger, run).train()
 
 
 def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,

@@ -110,18 +110,20 @@ def _uniform(shape: tuple[int, ...], fan_in: int, g: torch.Generator) -> torch.T
     return (torch.rand(shape, generator=g, device=g.device) * 2.0 - 1.0) * bound
 
 
-def _dense(name: str, cout: int, cin: int, k: int, g: torch.Generator) -> Params:
+def dense(name: str, cout: int, cin: int, k: int, g: torch.Generator) -> Params:
+    """``<name>.w`` (a k×k convolution, or a linear layer for k = 1) and ``<name>.b``, torch's default uniform init."""
     fan_in = cin * k * k
     w_shape = (cout, cin, k, k) if k > 1 else (cout, cin)
     return {name + ".w": _uniform(w_shape, fan_in, g), name + ".b": _uniform((cout,), fan_in, g)}
 
 
-def _trunk_init(shape: list[int], width: int, g: torch.Generator) -> Params:
+def trunk_init(shape: list[int], width: int, g: torch.Generator) -> Params:
+    """The DCGAN trunk shared by D, C and EFSGD's encoder: three 5×5 stride-2 convolutions, width/2w/4w channels."""
     c = shape[0]
     chans = [c, width, 2 * width, 4 * width]
     p: Params = {}
     for i, name in enumerate(CONVS):
-        p.update(_dense(name, chans[i + 1], chans[i], 5, g))
+        p.update(dense(name, chans[i + 1], chans[i], 5, g))
     return p
 
 
@@ -135,21 +137,22 @@ def feature_dim(shape: list[int], width: int) -> int:
 def disc_init(num_classes: int, shape: list[int], width: int, g: torch.Generator) -> Params:
     """Parameters of one DCGAN projection discriminator (Miyato & Koyama 2018; official DiscriminatorDCGAN:
     SN convs, SN Linear(F→1) and an SN class embedding initialised N(0, 1) as nn.Embedding)."""
-    p = _trunk_init(shape, width, g)
+    p = trunk_init(shape, width, g)
     f = feature_dim(shape, width)
-    p.update(_dense("lin", 1, f, 1, g))
+    p.update(dense("lin", 1, f, 1, g))
     p["emb.w"] = torch.randn(num_classes, f, generator=g, device=g.device)
     return p
 
 
 def clf_init(num_classes: int, shape: list[int], width: int, g: torch.Generator) -> Params:
     """Parameters of the auxiliary classifier C: same trunk + SN Linear(F → classes) (official ClassifierDCGAN)."""
-    p = _trunk_init(shape, width, g)
-    p.update(_dense("lin", num_classes, feature_dim(shape, width), 1, g))
+    p = trunk_init(shape, width, g)
+    p.update(dense("lin", num_classes, feature_dim(shape, width), 1, g))
     return p
 
 
-def _features(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
+def features(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
+    """The trunk's flattened features of ``x`` (spectrally normalised convolutions, ReLU)."""
     h = x
     for name in CONVS:
         h = F.relu(F.conv2d(h, sn_weight(p[name + ".w"], u[name + ".w"]), p[name + ".b"], stride=2, padding=2))
@@ -158,14 +161,14 @@ def _features(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
 
 def disc_forward(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """D(x, y) = w·φ(x) + b + <emb(y), φ(x)>, all weights spectrally normalised: one critic value per sample."""
-    h = _features(p, u, x)
+    h = features(p, u, x)
     emb = sn_weight(p["emb.w"], u["emb.w"])
     proj = (onehot(y, emb.shape[0], h.dtype) @ emb) * h
     return (h @ sn_weight(p["lin.w"], u["lin.w"]).t()).squeeze(1) + p["lin.b"] + proj.sum(1)
 
 
 def clf_logits(p: Params, u: Params, x: torch.Tensor) -> torch.Tensor:
-    return _features(p, u, x) @ sn_weight(p["lin.w"], u["lin.w"]).t() + p["lin.b"]
+    return features(p, u, x) @ sn_weight(p["lin.w"], u["lin.w"]).t() + p["lin.b"]
 
 
 def clf_forward(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

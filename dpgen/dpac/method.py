@@ -1,0 +1,134 @@
+"""DP-GAN-DPAC (Chen et al., CVPR 2023, Alg. 1): GS-WGAN plus the dual-purpose auxiliary classifier C.
+
+:class:`Dpac` is :class:`dpgen.gswgan.train.GsWgan` through its extension points: C is extra per-partition state
+(re-initialised and trained on the sampled partition k at every iteration from t_c on, :func:`classifier_phase`),
+its gradient ∇_{G(z)} C is an extra loss path of G's step (weight 1 − β), and, with ``dpac.sanitize=per_path`` (the
+official code), an extra release path with its own sanitiser; ``dpac.sanitize=joint`` (Eq. 9) releases the
+gradient of β·D + (1 − β)·C through ONE sanitiser, one path. C is never released.
+"""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from dpgen.core.run import Run
+from dpgen.data.base import ImageDataset
+from dpgen.dpac.classifier import ORDERS, train_classifier
+from dpgen.ensemble import NetStack
+from dpgen.errors import DpgenError
+from dpgen.gswgan.accounting import iteration_entries
+from dpgen.gswgan.nets import ResNetGenerator
+from dpgen.gswgan.sanitizer import Sanitizer
+from dpgen.gswgan.train import GsWgan, Partitions, generator_step
+from dpgen.gswgan.train import check_hparams as gswgan_check_hparams
+from dpgen.nets.spectral import sn_init
+from dpgen.privacy import PrivacyLedger
+from dpgen.privacy.randomness import SecretGenerator
+
+KEPT_CLASSIFIER_NOTE = (
+    "classifier.reinit=false: C keeps what it learned on earlier partitions, so its gradients at an iteration "
+    "depend on every partition sampled since t_c, not only on the sampled one; the C path is not a 1/K-sampled "
+    "release and the paper analysis does not cover it."
+)
+
+def check_classifier_reuse(hp: DictConfig, ledger: PrivacyLedger, prefix: str, c_start: int | None) -> None:
+    """``classifier.reinit=false`` breaks the per-partition argument of the C path (C carries partition j into
+    the release of an iteration that sampled k): refused when the ledger must be a valid bound."""
+    if c_start is None or bool(hp.classifier.reinit):
+        return
+    if ledger.accounting == "sound" and not ledger.privacy_off:
+        raise DpgenError(f"{prefix}.classifier.reinit=false carries earlier partitions into C, which the sound "
+                         f"ledger cannot charge at rate 1/K; use {prefix}.classifier.reinit=true or "
+                         "privacy.accounting=paper")
+    if KEPT_CLASSIFIER_NOTE not in ledger.notes:
+        ledger.notes.append(KEPT_CLASSIFIER_NOTE)
+
+def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
+    """One-line DpgenErrors for bad user input: GS-WGAN's keys, β and the classifier's order."""
+    gswgan_check_hparams(hp, n, shape, "dpac")
+    if not 0.0 <= float(hp.beta) <= 1.0:
+        raise DpgenError(f"dpac.beta={hp.beta} must be in [0, 1]")
+    if hp.classifier.order not in ORDERS:
+        raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+
+
+def classifier_start(hp: DictConfig) -> int | None:
+    """t_c, or None when C is off (GS-WGAN baseline: β = 1 or classifier.enabled = false)."""
+    if not bool(hp.classifier.enabled) or float(hp.beta) >= 1.0:
+        return None
+    return int(hp.classifier.start)
+
+def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
+                     fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
+                     init_gen: torch.Generator, data_gen: SecretGenerator) -> None:
+    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
+
+    As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
+    and reused by every fake step; each real step draws a fresh batch of partition k (from the secret
+    ``data_gen``; C's re-initialisation draws from the public ``init_gen``).
+    """
+    if reset:
+        clf.reset(init_fn, sn_init, init_gen)
+    dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
+    fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
+
+    def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        i = parts.sample(k, b, data_gen)[0]
+        return x_all[i], y_all[i]
+
+    train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
+                     hp.classifier.order, float(hp.gp_weight), lr, betas, float(hp.drift))
+
+
+class Dpac(GsWgan):
+    """DPAC's extension of GS-WGAN (module docstring): the classifier phase, the C loss path and its release."""
+
+    def __init__(self, hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> None:
+        super().__init__(hp, data, ledger, run)
+        self.c_start = classifier_start(hp)
+        self.joint = str(hp.sanitize) == "joint"  # Eq. (9): one sanitiser on the gradient of the whole loss L_G
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "dpac" if self.c_start is not None else "gswgan"
+
+    def check(self, n: int, shape: tuple[int, ...]) -> None:
+        check_hparams(self.hp, n, shape)
+        check_classifier_reuse(self.hp, self.ledger, "dpac", self.c_start)
+
+    def plan_entries(self, z: float) -> list:
+        """The C path is a second Gaussian from t_c on unless it is sanitised jointly with D's (Eq. 9)."""
+        return iteration_entries(z, self.K, self.B, self.T, None if self.joint else self.c_start)
+
+    def build_sanitizers(self, z_noise: float, basis: torch.Tensor | None) -> None:
+        hp, base, joint = self.hp, self.base, self.joint
+        san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+        san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+        self.san_d, self.san_c = san_d, san_c
+
+    def with_c(self, it: int) -> bool:
+        return self.c_start is not None and it >= self.c_start
+
+    def release_paths(self, it: int) -> tuple[float, ...]:
+        # D, and C from t_c with per-path sanitisers (official code): noise 2Cz per row, sensitivity 2C per row;
+        # one path when the gradient of β·D + (1−β)·C is sanitised at once (Eq. 9)
+        zp, with_c, joint = self.zp, self.with_c(it), self.joint
+        paths = (zp, zp) if with_c and not joint else (zp,)
+        return paths
+
+    def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
+        if self.with_c(it):
+            hp, base = self.hp, self.base
+            classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, self.ncls,
+                             bool(hp.classifier.reinit) or it == self.c_start, base.clf_init, float(hp.lr),
+                             tuple(hp.betas), base.init_gen, base.data_gen)
+
+    def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
+        b = self.base
+        return generator_step(b.g_net, b.opt_g, b.disc, b.clf if self.with_c(it) else None, k, self.san_d,
+                              self.san_c, float(self.hp.beta), self.B, self.ncls, b.gen_gen)
+
+
+def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:
+    """``method=dpac``: GS-WGAN's loop with DPAC's classifier (with β = 1 or the classifier off: GS-WGAN)."""
+    return Dpac(hp, data, ledger, run).train()
