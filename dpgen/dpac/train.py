@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
+from dpgen.audit.hooks import SanitizerCanaries
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
@@ -416,6 +417,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     basis = sanitizer_basis(hp, shape, dev)
     san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
     san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+    # an audit run's canaries: records of the partitions, one channel per sanitiser path (dpgen.audit)
+    canaries = SanitizerCanaries.attach(run.audit, K, B, {"sanitizer" if joint else "sanitizer.D": san_d,
+                                                          "sanitizer.C": san_c if c_start is not None else None}) if run.audit else None
     zp = z_noise / math.sqrt(B)
     paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
                  if ledger.accounting == "paper" else T)
@@ -443,6 +447,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if not budget.allows(it, paths):
             break
         k = uniform_member(K, data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
+        if canaries is not None:
+            canaries.start_iteration(k)
         loss_d, _, _ = critic_phase(disc, parts, k, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
         refresh_phase(disc, parts, it, x_all, y_all, fake, hp, float(hp.lr), betas, data_gen)
         if with_c:

@@ -31,6 +31,7 @@ from functools import partial
 import torch
 from omegaconf import DictConfig
 
+from dpgen.audit.hooks import SanitizerCanaries
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import image_train_tensors
@@ -207,6 +208,10 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
     san = {name: ErrorFeedbackSanitizer(c1, z_noise, c2, ef, weight, noise_gen, K, ncls, rule)
            for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
+    # an audit run's canaries: records of the partitions, one channel per sanitiser path (dpgen.audit)
+    live = {"d": True, "c": c_start is not None, "e": recon}  # the paths this run releases through
+    canaries = SanitizerCanaries.attach(run.audit, K, B, {f"sanitizer.{n}": s for n, s in san.items() if live[n]}
+                                        ) if run.audit else None
     zp = z_noise / math.sqrt(B)
     # what one error-feedback path costs: noise std / row sensitivity (= z under the sound rule), from the config
     zp_ef = ef_noise_std(c1, c2, z_noise, ef, rule) / row_sensitivity(c1, c2, ef) / math.sqrt(B)
@@ -257,6 +262,8 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         if not budget.allows(it, paths):
             break
         k = uniform_member(K, data_gen, dev)
+        if canaries is not None:
+            canaries.start_iteration(k)
         loss_d, xr, yr = critic_phase(disc, parts, k, x_all, y_all, fake, hp, lr, betas, data_gen)
         refresh_phase(disc, parts, it, x_all, y_all, fake, hp, lr, betas, data_gen)
         recon_batch = None
