@@ -196,7 +196,7 @@ class SanitizerCanaries(Channel):
 
     def start_iteration(self, k: torch.Tensor) -> None:
         """The iteration drew partition ``k`` (one-element device tensor): its included canaries enter the rows."""
-        self.current = k.reshape(())
+        self.current = k.reshape(1)
 
     def extend(self, rows: torch.Tensor) -> torch.Tensor:
         """(B, ...) rows → (B, d + m): the rows flattened, then the canaries' Dirac columns (before clipping)."""
@@ -207,7 +207,9 @@ class SanitizerCanaries(Channel):
         self.shape = rows.shape
         flat = rows.reshape(rows.shape[0], -1)
         extra = torch.zeros(rows.shape[0], self.m + 1, dtype=flat.dtype, device=flat.device)
-        extra.scatter_(1, self.table[self.current].unsqueeze(1), self.value[self.current].unsqueeze(1).to(flat.dtype))
+        # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
+        extra.scatter_(1, self.table.index_select(0, self.current).view(-1, 1),
+                       self.value.index_select(0, self.current).view(-1, 1).to(flat.dtype))
         return torch.cat([flat, extra[:, :self.m]], dim=1)
 
     def release(self, released: torch.Tensor) -> torch.Tensor:
