@@ -190,7 +190,7 @@ class SanitizerCanaries(Channel):
         value = torch.cat([canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip),
                            torch.zeros(1, device=dev)])
         self.value = value[self.table]
-        self.row_of = j // k  # canary j's row (public)
+        self.row_of, self.cols = j // k, j  # canary j's row (public) and its column after the d image columns
         self.current: torch.Tensor | None = None
         self.shape: torch.Size | None = None
 
@@ -216,7 +216,7 @@ class SanitizerCanaries(Channel):
         """Score the reserved coordinates of the (B, d + m) release; return its first d columns in the rows'
         original shape (what goes on to G)."""
         d = released.shape[1] - self.m
-        self.observe(released.detach()[self.row_of, d + torch.arange(self.m, device=released.device)])
+        self.observe(released.detach()[self.row_of, d + self.cols])
         return released[:, :d].reshape(self.shape)
 
     @classmethod
