@@ -98,6 +98,10 @@ def test_coins_are_fair_and_secret():
 
 #: tiny audits on the first 300 digits: batches of half the data and enough steps that an included canary is
 #: sampled (q·T ≥ 6), so the audit has power; each run takes seconds
+_ENSEMBLE_AUDIT = ["iters=24", "num_discriminators=4", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
+                   "batch_size=64", "g_width=8", "d_width=4", "classifier.start=2", "classifier.n_fake=1",
+                   "classifier.n_real=1", "classifier.fake_batch=10"]
+_ENSEMBLE_CANARIES = ["audit.canaries=256", "audit.guesses=64"]
 AUDIT_TINY: dict[str, list[str]] = {
     "dpgan": ["dpgan.iters=12", "dpgan.batch_size=150", "dpgan.g_width=8", "dpgan.d_width=8"],
     "feta": ["feta.iters=12", "feta.batch_size=150", "feta.multiplicity=1", "feta.micro_batch=150",
@@ -109,6 +113,13 @@ AUDIT_TINY: dict[str, list[str]] = {
               "gpate.teacher_warmup=1", "gpate.gf_dim=4", "gpate.gfc_dim=16", "gpate.df_dim=4", "gpate.dfc_dim=8"],
     "dpaf": ["dpaf.width=4", "dpaf.fc_hidden=8", "dpaf.g_width=8", "dpaf.batch_size=16", "dpaf.c_batch_size=150",
              "dpaf.c_epochs=1", "dpaf.d_epochs=4"],
+    # the GS-WGAN family: K=4 partitions drawn T=24 times (each ~6 times), B=64 rows, so m=256 = K*B canaries
+    # (one per partition and row) and 64 + 64 guesses: eps_lb ~3.4 when all are right, with the 5 % split among
+    # efsgd's four tests
+    "gswgan": [f"dpac.{o}" for o in _ENSEMBLE_AUDIT] + _ENSEMBLE_CANARIES,
+    "dpac": [f"dpac.{o}" for o in _ENSEMBLE_AUDIT] + ["dpac.sanitize=per_path"] + _ENSEMBLE_CANARIES,
+    "efsgd": [f"efsgd.{o}" for o in _ENSEMBLE_AUDIT] + ["efsgd.encoder.width=4", "efsgd.encoder.steps=1"]
+    + _ENSEMBLE_CANARIES,
 }
 AUDITED = tuple(AUDIT_TINY)
 
@@ -223,7 +234,8 @@ def test_a_run_without_audit_never_touches_the_canary_hooks(method, tmp_path, mo
     def boom(*args, **kwargs):
         raise AssertionError("an audit hook ran in a run without audit")
 
-    for cls in (hooks.DpsgdCanaries, hooks.VoteCanaries, hooks.FeatureCanaries, canaries_mod.Canaries):
+    for cls in (hooks.DpsgdCanaries, hooks.VoteCanaries, hooks.FeatureCanaries, hooks.SanitizerCanaries,
+                canaries_mod.Canaries):
         monkeypatch.setattr(cls, "__init__", boom)
     _, _, run = train_in_memory(method, tmp_path, eps=2.0, noise_seed=0)
     assert run.audit is None
@@ -298,7 +310,8 @@ def test_an_audit_run_is_not_resumed_by_train(capsys, tmp_path, monkeypatch):
     (["audit.confidence=1.0"], "audit.confidence=1.0 is invalid"),
     (["audit.canaries=abc"], "audit.canaries"),
     (["audit.typo=3"], "unknown key audit.typo"),
-    (["method=gswgan"], "method='gswgan' is invalid"),
+    (["method=gswgan", "audit.canaries=5000"], "audit.canaries=5000 is invalid; expected at most "
+                                                "dpac.num_discriminators * dpac.batch_size = 3200"),
     (["delta=5e-4"], "1/(N + canaries)"),
     (["eps=0"], "eps"),
 ])

@@ -18,6 +18,13 @@ mechanism's sensitivity argument: more would report a leak that is not there, le
   gives every row, Eq. 4) on a reserved coordinate appended to the aggregated space; it is Poisson-sampled
   with its group and split into one of the group's μ sub-batches as the records are (secret draws). Score: the released aggregate's
   reserved coordinate summed over all μ releases of every group.
+* :class:`SanitizerCanaries` (the GS-WGAN family's gradient sanitisers: gswgan, dpac, efsgd): canaries belong to
+  the K partitions as records do (canary j to partition j mod K, in generated-sample row (j // K) mod B). An
+  iteration that draws partition k gives each included canary of k a per-sample image gradient (the sanitiser's
+  input row) that is a Dirac vector of norm :data:`DIRAC_NORM` × C on a reserved coordinate d + j appended to
+  the d image-gradient coordinates; the sanitiser clips the extended rows and noises every column with one
+  draw, and only the first d columns go on to G. Score: the released value of coordinate d + j in the canary's
+  row, summed over every iteration (whichever partition it drew).
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ import torch
 from torch import nn
 
 from dpgen.audit.canaries import Canaries, Channel
+from dpgen.errors import DpgenError
 from dpgen.privacy.randomness import require_secret
 
-__all__ = ["DIRAC_NORM", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries", "dirac_rows"]
+__all__ = ["DIRAC_NORM", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries", "SanitizerCanaries", "dirac_rows"]
 
 #: a DP-SGD canary's per-sample gradient norm, in units of the clip norm C: far above C, so that a missing or
 #: loosened clip lets ~1000× the canary through and the audit sees it at once; clipped, it adds exactly C
@@ -139,3 +147,101 @@ class FeatureCanaries(Channel):
     def rows(self, j: int) -> torch.Tensor:
         """Sub-batch j's canary feature rows on the reserved coordinates (c_j, m)."""
         return dirac_rows(self.parts[j], self.m, self.sensitivity)
+
+
+class SanitizerCanaries(Channel):
+    """Canaries of one GS-WGAN gradient sanitiser (GS-WGAN Alg. 1 / DPAC Eq. 5, 9; EFSGD Eq. 7–11): m reserved
+    coordinates after the d coordinates of each per-sample image-gradient row (d pixels, or L coefficients with
+    ``dpac.grad_basis``).
+
+    Canary j is a record of partition j mod K; in an iteration that draws its partition it is the generated
+    sample of row (j // K) (so m ≤ K·B: at most one canary per partition and row). The trainer calls
+    :meth:`start_iteration` with the drawn partition k (a device tensor: no host sync); the sanitiser then calls
+    :meth:`extend` on its (B, d) rows before clipping, and :meth:`release` on its (B, d + m) clipped-plus-noise
+    release, which scores the reserved coordinates and hands the first d columns back. Row r of an iteration that
+    drew k carries e_{d+j}·DIRAC_NORM·C for the included canary j = k + r·K: after the clip it adds C to that one
+    row, within the 2C per row (all B rows) that the sanitiser's sensitivity argument allows a record of
+    partition k. An error-feedback sanitiser (efsgd) clips and keeps error states on the extended rows, so a
+    canary's residual is fed back like any coordinate's (bounded by C2 per row, within 2(C1 + C2)).
+
+    The score reads only the released values: coordinate d + j of row j // K (public), summed over every
+    iteration, whichever partition it drew, so the auditor never uses the secret draw k.
+    """
+
+    kind = "sanitizer"
+
+    def __init__(self, canaries: Canaries, name: str, partitions: int, rows: int, clip: float, noise_std: float,
+                 where: str = "") -> None:
+        k, b, m = int(partitions), int(rows), canaries.m
+        if m > k * b:
+            raise DpgenError(f"audit.canaries={m} must be <= K*B = {k}*{b} = {k * b} for {name} (one canary per "
+                             "partition and generated-sample row)")
+        super().__init__(canaries, name, unit=float(clip), noise=float(noise_std) / float(clip),
+                         where=where or f"{name}: a generated sample's image gradient before clipping, a Dirac "
+                                        f"vector of norm {DIRAC_NORM:g}*C on the canary's reserved coordinate, in "
+                                        "row j // K of the iterations that draw its partition j mod K")
+        self.clip, self.partitions, self.rows_per_release = float(clip), k, b
+        dev = canaries.device
+        j = torch.arange(m, device=dev)
+        #: [K, B]: the canary of partition k in row r (m: none), and DIRAC_NORM·C where it is included, else 0
+        table = torch.full((k * b,), m, dtype=torch.long, device=dev)
+        table[(j % k) * b + j // k] = j
+        self.table = table.view(k, b)
+        value = torch.cat([canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip),
+                           torch.zeros(1, device=dev)])
+        self.value = value[self.table]
+        self.row_of, self.cols = j // k, j  # canary j's row (public) and its column after the d image columns
+        self.current: torch.Tensor | None = None
+        self.shape: torch.Size | None = None
+
+    def start_iteration(self, k: torch.Tensor) -> None:
+        """The iteration drew partition ``k`` (one-element device tensor): its included canaries enter the rows."""
+        self.current = k.reshape(1)
+
+    def extend(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B, ...) rows → (B, d + m): the rows flattened, then the canaries' Dirac columns (before clipping)."""
+        if self.current is None:
+            raise RuntimeError(f"audit channel {self.name}: start_iteration(k) was not called")
+        if rows.shape[0] != self.rows_per_release:
+            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected B={self.rows_per_release}")
+        self.shape = rows.shape
+        flat = rows.reshape(rows.shape[0], -1)
+        extra = torch.zeros(rows.shape[0], self.m + 1, dtype=flat.dtype, device=flat.device)
+        # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
+        extra.scatter_(1, self.table.index_select(0, self.current).view(-1, 1),
+                       self.value.index_select(0, self.current).view(-1, 1).to(flat.dtype))
+        return torch.cat([flat, extra[:, :self.m]], dim=1)
+
+    def release(self, released: torch.Tensor) -> torch.Tensor:
+        """Score the reserved coordinates of the (B, d + m) release; return its first d columns in the rows'
+        original shape (what goes on to G)."""
+        d = released.shape[1] - self.m
+        self.observe(released.detach()[self.row_of, d + self.cols])
+        return released[:, :d].reshape(self.shape)
+
+    @classmethod
+    def attach(cls, canaries: Canaries, partitions: int, rows: int,
+               sanitizers: dict[str, object]) -> "SanitizerGroup":
+        """One channel per sanitiser path (``sanitizers``: name → sanitiser, None for a path that is off), each set
+        as its sanitiser's ``audit``; returns the group whose :meth:`SanitizerGroup.start_iteration` the trainer
+        calls once per iteration."""
+        group = []
+        for name, san in sanitizers.items():
+            if san is None:
+                continue
+            ch = cls(canaries, name, partitions, rows, san.clip, san.noise_std)
+            san.audit = ch
+            group.append(ch)
+        return SanitizerGroup(group)
+
+
+class SanitizerGroup:
+    """The sanitiser channels of one GS-WGAN-family run."""
+
+    def __init__(self, channels: list[SanitizerCanaries]) -> None:
+        self.channels = channels
+
+    def start_iteration(self, k: torch.Tensor) -> None:
+        """Alg. 1 line 2 drew partition ``k``: every path's canaries of k enter this iteration's rows."""
+        for ch in self.channels:
+            ch.start_iteration(k)

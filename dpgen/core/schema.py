@@ -131,8 +131,8 @@ class MethodSchema:
                              f"(configs/method/{node.name}.yaml)")
 
 
-#: the methods whose mechanisms take an audit's canaries (dpgen/audit/hooks.py); the GS-WGAN family follows
-AUDITED_METHODS = ("dpgan", "feta", "dpdm", "gpate", "dpaf")
+#: the methods whose mechanisms take an audit's canaries (dpgen/audit/hooks.py)
+AUDITED_METHODS = ("dpgan", "feta", "dpdm", "gpate", "dpaf", "gswgan", "dpac", "efsgd")
 
 
 @dataclass
@@ -153,8 +153,12 @@ class AuditSchema:
             raise bad(f"{key}.guesses_in", node.guesses_in, f"guesses_in + guesses_out (now {node.guesses_out}) "
                       f"between 1 and {key}.canaries={m}")
         if str(cfg.method.name) not in AUDITED_METHODS:
-            raise bad("method", cfg.method.name, f"one of {', '.join(AUDITED_METHODS)} for an audit (the GS-WGAN "
-                      "family's sanitiser has no canary hook yet)")
+            raise bad("method", cfg.method.name, f"one of {', '.join(AUDITED_METHODS)} for an audit")
+        ens = cfg.get(str(cfg.method.hparams))  # the GS-WGAN family: one canary per partition and generated row
+        if ens is not None and "num_discriminators" in ens and m > int(ens.num_discriminators) * int(ens.batch_size):
+            p = cfg.method.hparams
+            raise bad(f"{key}.canaries", m, f"at most {p}.num_discriminators * {p}.batch_size = "
+                      f"{int(ens.num_discriminators) * int(ens.batch_size)} (one canary per partition and row)")
         if cfg.resume is not None:
             raise bad("resume", cfg.resume, "null: an audit is one uninterrupted run (its scores are not "
                       "checkpointed)")

@@ -106,6 +106,10 @@ class Dpac(GsWgan):
         san_c = None if joint else Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
         self.san_d, self.san_c = san_d, san_c
 
+    def audited_sanitizers(self) -> dict[str, Sanitizer | None]:
+        on_c = self.san_c if self.c_start is not None else None
+        return {"sanitizer" if self.joint else "sanitizer.D": self.san_d, "sanitizer.C": on_c}
+
     def with_c(self, it: int) -> bool:
         return self.c_start is not None and it >= self.c_start
 

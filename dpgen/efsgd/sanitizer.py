@@ -137,12 +137,14 @@ class ErrorFeedbackSanitizer(Sanitizer):
         dtype = g.dtype
         with full_precision():
             g = at_least_fp32(g)
+            g = g if self.audit is None else self.audit.extend(g)  # the canaries' columns, before clip and feedback
             v = self.update(g)
             noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                    mechanism="error-feedback sanitizer noise")
             self.last_release = (v + noise).detach()
             self.calls += 1
-            return (self.weight * (v + noise) / g.shape[0]).to(dtype)
+            release = v + noise if self.audit is None else self.audit.release(v + noise)  # scored; image part to G
+            return (self.weight * release / g.shape[0]).to(dtype)
 
     def state_dict(self) -> dict:
         return {"error": self.error}

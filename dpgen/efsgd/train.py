@@ -302,6 +302,11 @@ class Efsgd(GsWgan):
                for name, weight in (("d", 1.0), ("c", float(hp.lambda_c)), ("e", float(hp.gamma_recon)))}
         self.san = san
 
+    def audited_sanitizers(self) -> dict[str, ErrorFeedbackSanitizer | None]:
+        # the paths this run releases through (C's own only per path; E's with the reconstruction)
+        live = {"d": True, "c": self.c_path_start is not None, "e": self.recon}
+        return {f"sanitizer.{n}": s for n, s in self.san.items() if live[n]}
+
     def load_state_dict(self, state: dict) -> None:
         if self.enc is not None:
             self.enc.load_state_dict(state["enc"])

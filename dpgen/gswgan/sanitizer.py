@@ -36,6 +36,8 @@ class Sanitizer:
     secret ``generator``.
     """
 
+    audit = None  # an audit run's canaries (dpgen.audit.hooks.SanitizerCanaries); None computes exactly as before
+
     def __init__(self, clip: float, noise_multiplier: float, generator: SecretGenerator,
                  basis: torch.Tensor | None = None) -> None:
         if clip <= 0 or noise_multiplier < 0:
@@ -60,6 +62,7 @@ class Sanitizer:
         with full_precision():
             g = at_least_fp32(g)
             rows = g if self.basis is None else g.flatten(1) @ self.basis
+            rows = rows if self.audit is None else self.audit.extend(rows)  # the canaries' columns, before the clip
             self.last_norms = rows.detach().flatten(1).norm(dim=1)
             clipped = clip_rows(rows, self.clip)
             noise = gaussian_noise(rows.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
@@ -68,6 +71,7 @@ class Sanitizer:
             self.last_clipped = clipped.detach()
             self.last_release = release.detach()
             self.calls += 1
+            release = release if self.audit is None else self.audit.release(release)  # scored; image part to G
             if self.basis is not None:
                 release = (release @ self.basis.T).view(shape)
             return (release / shape[0]).to(dtype)

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
+from dpgen.audit.hooks import SanitizerCanaries
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
@@ -358,6 +359,8 @@ class GsWgan:
     entry = ENTRY  # the ledger entries' name
     data_name = "dpac/gswgan"  # for error messages about the data
 
+    canaries = None  # an audit run's SanitizerGroup (set in train); None: no audit
+
     def __init__(self, hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> None:
         self.hp, self.data, self.ledger, self.run = hp, data, ledger, run
         self.ncls, self.shape = data.num_classes, list(data.shape)
@@ -380,6 +383,10 @@ class GsWgan:
         """D's sanitiser (Eq. 5: clip to C, noise std 2Cz per row); an extension adds its paths' sanitisers."""
         hp, base = self.hp, self.base
         self.san_d = Sanitizer(float(hp.clip), z_noise, base.noise_gen, basis)
+
+    def audited_sanitizers(self) -> dict[str, Sanitizer | None]:
+        """Every sanitiser path a privacy audit puts canaries into (name -> sanitiser; None: off in this run)."""
+        return {"sanitizer": self.san_d}
 
     # -- per iteration -------------------------------------------------------------------------------------------
     def release_paths(self, it: int) -> tuple[float, ...]:
@@ -452,6 +459,9 @@ class GsWgan:
         base.resume_or_pretrain(state, run, x_all, y_all, hp, ncls)
         basis = sanitizer_basis(hp, shape, dev)
         self.build_sanitizers(z_noise, basis)
+        # an audit run's canaries: records of the partitions, one channel per sanitiser path (dpgen.audit)
+        self.canaries = (SanitizerCanaries.attach(run.audit, K, B, self.audited_sanitizers()) if run.audit
+                         else None)
         if state:
             self.load_state_dict(state)
         paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
@@ -485,6 +495,8 @@ def run_iterations(ext: GsWgan, budget: IterationBudget, x_all: torch.Tensor, y_
         if not budget.allows(it, paths):
             break
         k = uniform_member(K, base.data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
+        if ext.canaries is not None:
+            ext.canaries.start_iteration(k)
         loss_d, xr, yr = critic_phase(base.disc, base.parts, k, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
         refresh_phase(base.disc, base.parts, it, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
         ext.partition_phase(it, k, xr, yr)
