@@ -148,17 +148,7 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
 
         steps[mode] = opacus_step
 
-    model = copy.deepcopy(bench)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for p in model.parameters() if p.requires_grad]
-    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
-    buffers = dict(model.named_buffers())
-    opt = torch.optim.SGD(params, lr=1e-4)
-
-    def one_loss(train: dict, *row):
-        # vmap strips the batch dimension; the network expects one, so each row is a batch of one
-        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
-
+    names, params, opt, one_loss = functional_copy(bench)
     per_sample = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(batch))
 
     def func_step():
@@ -169,6 +159,22 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
     if compile_:
         steps.update(compiled_steps(bench, batch))
     return steps
+
+
+def functional_copy(bench: Bench) -> tuple:
+    """A copy of ``bench`` for torch.func: its trainable parameters' names and tensors, an SGD over them, and the
+    loss of one row as a function of the trainable parameters (vmap strips the batch dimension; the network
+    expects one, so each row is a batch of one)."""
+    model = copy.deepcopy(bench)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = dict(model.named_buffers())
+
+    def one_loss(train: dict, *row):
+        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
+
+    return names, params, torch.optim.SGD(params, lr=1e-4), one_loss
 
 
 def compiled_steps(bench: Bench, batch: tuple) -> dict:
@@ -184,15 +190,7 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
         loss_fn(*batch).backward()
         p_opt.step()
 
-    model = copy.deepcopy(bench)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for p in model.parameters() if p.requires_grad]
-    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
-    buffers = dict(model.named_buffers())
-    opt = torch.optim.SGD(params, lr=1e-4)
-
-    def one_loss(train: dict, *row):
-        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
+    names, params, opt, one_loss = functional_copy(bench)
 
     def clipped_sum(*b):
         grads = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(b))({n: p.detach() for n, p in zip(names, params)}, *b)
