@@ -12,15 +12,15 @@ RUNTIME := $(VENV)/.installed-runtime
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "dpgen needs Python >= 3.10"'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
 $(RUNTIME): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	@touch $(RUNTIME)
 
-$(STAMP): pyproject.toml $(RUNTIME)
+# one pip run from a fresh clone: the package with its dev extras also satisfies the demo's runtime stamp
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(RUNTIME) $(STAMP)
 
 install: $(STAMP)
 
@@ -48,11 +48,11 @@ clean:
 	rm -rf $(VENV) outputs .pytest_cache
 
 # The one GPU check on an offline node (docs/clusters.md "Offline GPU nodes", docs/performance.md "The GPU check").
-# Here, with internet: `make wheelhouse PY=3.12` and `make data` fill .whl/ and .data/ (ignored; carried to the
+# Here, with internet: `make wheelhouse PY=3.12` and `make data` fill wheelhouse/ and .data/ (ignored; carried to the
 # node with the repository). On the node: `make gpu-check GPU_BUDGET=7 [GPU_OUT=dir]` installs the wheels the node's
 # python3 lacks into GPU_SITE (its torch untouched) and prints one table last (also written to GPU_OUT).
 PY         ?= 3.12
-WHEELS     ?= .whl
+WHEELS     ?= wheelhouse
 DATA_DIR   ?= .data
 FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 GPU_SITE   ?= /tmp/site

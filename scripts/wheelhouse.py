@@ -2,9 +2,9 @@
 """Wheels and data for an offline GPU node (docs/clusters.md, "Offline GPU nodes"). Standard library only: the
 node runs ``install`` with its own Python, before anything of dpgen can be imported.
 
-    python scripts/wheelhouse.py download [--python-version 3.12] [--dest .whl]   # on a machine with internet
+    python scripts/wheelhouse.py download [--python-version 3.12] [--dest wheelhouse]   # on a machine with internet
     python scripts/wheelhouse.py data [--src /usr/share/datasets/fashion-mnist] [--dest .data/fashion-mnist]
-    python3 scripts/wheelhouse.py install [--wheels .whl] [--target /tmp/site] [--all]    # on the node
+    python3 scripts/wheelhouse.py install [--wheels wheelhouse] [--target /tmp/site] [--all]    # on the node
 
 ``download`` fetches, for CPython ``--python-version`` on manylinux x86_64, one wheel per distribution in
 :data:`WHEELS` (no dependency resolution: the list is dpgen's runtime dependencies and their own, less what a
@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("download", help="wheels for an offline node")
-    d.add_argument("--dest", default=".whl")
+    d.add_argument("--dest", default="wheelhouse")
     d.add_argument("--python-version", default="3.12")
     d.add_argument("--latest", action="store_true", help="newest versions, not this Python's")
     c = sub.add_parser("data", help="copy the Fashion-MNIST files into the repository")
     c.add_argument("--src", default="/usr/share/datasets/fashion-mnist")
     c.add_argument("--dest", default=".data/fashion-mnist")
     i = sub.add_parser("install", help="install the wheels on the node")
-    i.add_argument("--wheels", default=".whl")
+    i.add_argument("--wheels", default="wheelhouse")
     i.add_argument("--target", default="/tmp/site")
     i.add_argument("--all", action="store_true", help="also the distributions this Python already has")
     a = ap.parse_args(argv)
