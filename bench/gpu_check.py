@@ -19,7 +19,7 @@ stopped by its budget share. A variant the config refuses (a precision the metho
 ``compile`` key the schema lacks) or that fails while training gives a row saying why, and the check goes on.
 
 ``--budget M`` (minutes, from the start of this script) is divided among the rows that can run, weighted
-(compile-on rows weigh double: compilation happens inside them; a feta or dpdm row weighs
+(compile-on rows weigh double: compilation happens inside them; a feta, dpdm or gswgan row weighs
 :data:`METHOD_WEIGHT` times a dpgan row: one paper-sized DP-SGD step takes about 20 s on an H200); a row's
 unspent share passes on to the rest, and a row left with less than a few seconds says "skipped". Before the
 first row, while some row's planned share is below its method's minimum (:data:`MIN_ROW_S`: 60 s for feta and
@@ -64,7 +64,8 @@ COLUMNS = ("method", "precision", "compile", "s/step", "TFLOP/s", "% matmul", "p
 COMPILE_WEIGHT = 2.0  # a compile-on row's share of the budget relative to a compile-off row
 # A method's weight in the budget split: one feta DP-SGD step at profile=paper takes about 20 s on an H200, plus
 # its first phase, so its rows need several times a dpgan or gpate row's share to time any step at all.
-METHOD_WEIGHT = {"feta": 6.0, "dpdm": 6.0}
+# GS-WGAN's pre-training rows need a few 1.3-1.9 s warm-up iterations after building 1000 discriminators.
+METHOD_WEIGHT = {"feta": 6.0, "dpdm": 6.0, "gswgan": 2.0}
 # A method's least useful share (s): below it the row is skipped before the check starts ("skipped (budget)"),
 # lowest-priority variants first, so that the rows that do run time steps.
 MIN_ROW_S = {"feta": 60.0, "dpdm": 60.0}
