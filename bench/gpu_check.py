@@ -19,11 +19,22 @@ stopped by its budget share. A variant the config refuses (a precision the metho
 ``compile`` key the schema lacks) or that fails while training gives a row saying why, and the check goes on.
 
 ``--budget M`` (minutes, from the start of this script) is divided among the rows that can run, weighted
-(compile-on rows weigh double: compilation happens inside them); a row's unspent share passes on to the rest,
-and a row left with less than a few seconds says "skipped". A few seconds stay in reserve for the table.
+(compile-on rows weigh double: compilation happens inside them; a feta, dpdm or gswgan row weighs
+:data:`METHOD_WEIGHT` times a dpgan row: one paper-sized DP-SGD step takes about 20 s on an H200); a row's
+unspent share passes on to the rest, and a row left with less than a few seconds says "skipped". Before the
+first row, while some row's planned share is below its method's minimum (:data:`MIN_ROW_S`: 60 s for feta and
+dpdm, 5 s otherwise), the lowest-priority variant is left out (:data:`PRIORITY`: tf32 with compile first, the
+fp32 baselines last), and its row says "skipped (budget)". A few seconds stay in reserve for the table.
+``--variants m:precision:compile,...`` picks the rows one by one instead of methods x precisions x compile.
+
+``--kernels N``: for each method's fp32/compile-off row, torch.profiler (CUDA activity on CUDA, CPU otherwise)
+records one untimed step (the last warm-up step of the main phase; gswgan: the second pre-training warm-up
+iteration, then left out of its timing) and the top N kernels by self device time are printed, each with its
+share of the row's s/step, as lines BEFORE the table (which stays last); ``--out``'s JSON keeps them.
 
     python bench/gpu_check.py [--budget 7] [--out DIR]        # CUDA, fmnist profile=paper (docs/performance.md)
     python bench/gpu_check.py --device cpu --tiny              # CPU smoke test: tests/tiny.py's configs on digits
+    python bench/gpu_check.py --kernels 8 --variants feta:fp32:false,feta:bf16:false,dpgan:fp32:false
 """
 from __future__ import annotations
 
@@ -51,14 +62,57 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILES = ("false", "true")
 COLUMNS = ("method", "precision", "compile", "s/step", "TFLOP/s", "% matmul", "peak GB", "full run h", "notes")
 COMPILE_WEIGHT = 2.0  # a compile-on row's share of the budget relative to a compile-off row
+# A method's weight in the budget split: one feta DP-SGD step at profile=paper takes about 20 s on an H200, plus
+# its first phase, so its rows need several times a dpgan or gpate row's share to time any step at all.
+# GS-WGAN's pre-training rows need a few 1.3-1.9 s warm-up iterations after building 1000 discriminators.
+METHOD_WEIGHT = {"feta": 6.0, "dpdm": 6.0, "gswgan": 2.0}
+# A method's least useful share (s): below it the row is skipped before the check starts ("skipped (budget)"),
+# lowest-priority variants first, so that the rows that do run time steps.
+MIN_ROW_S = {"feta": 60.0, "dpdm": 60.0}
+# (precision, compile) from most to least wanted: the baseline, then the variants last time's figures made
+# interesting (bf16 helped the ensembles and feta), then the rest
+PRIORITY = (("fp32", "false"), ("bf16", "false"), ("bf16", "true"), ("tf32", "false"), ("fp32", "true"),
+            ("tf32", "true"))
+KERNEL_NAME_CHARS = 90  # a kernel's name is cut here in its line (the JSON file keeps it whole)
 NOTE_CHARS = 160  # a failure's reason is cut here in the table (the JSON file keeps it whole)
 
 
 # ---- the budget --------------------------------------------------------------------------------------------
 
-def row_weight(compile_: str) -> float:
-    """A row's weight in the budget split: compile-on rows pay for compilation inside their share."""
-    return COMPILE_WEIGHT if compile_ == "true" else 1.0
+def row_weight(compile_: str, method: str = "") -> float:
+    """A row's weight in the budget split: compile-on rows pay for compilation inside their share, and a method
+    with slow steps (:data:`METHOD_WEIGHT`) needs more time per row."""
+    return (COMPILE_WEIGHT if compile_ == "true" else 1.0) * METHOD_WEIGHT.get(method, 1.0)
+
+
+def method_min_s(method: str, tiny: bool) -> float:
+    """The least share a row of ``method`` runs with (:data:`MIN_ROW_S`; the tiny configs need seconds only)."""
+    return min_row_s(tiny) if tiny else MIN_ROW_S.get(method, min_row_s(tiny))
+
+
+def priority(precision: str, compile_: str) -> int:
+    """A variant's rank in :data:`PRIORITY` (0 = most wanted; unlisted variants last)."""
+    try:
+        return PRIORITY.index((precision, compile_))
+    except ValueError:
+        return len(PRIORITY)
+
+
+def plan_rows(rows: list[tuple[str, str, str]], available_s: float, tiny: bool) -> list[tuple[str, str, str]]:
+    """The (method, precision, compile) rows to skip so that every other row's planned share (``available_s``
+    split by :func:`row_weight`) reaches its method's minimum (:func:`method_min_s`). While some row falls
+    short, the lowest-priority row of all (:data:`PRIORITY`; among equals the heaviest, then the last) is
+    dropped: tf32 with compile goes first, the fp32 baselines last."""
+    keep = list(rows)
+    skipped: list[tuple[str, str, str]] = []
+    while keep:
+        total = sum(row_weight(c, m) for m, _, c in keep)
+        if all(available_s * row_weight(c, m) / total >= method_min_s(m, tiny) for m, _, c in keep):
+            break
+        victim = max(keep, key=lambda r: (priority(r[1], r[2]), row_weight(r[2], r[0]), keep.index(r)))
+        keep.remove(victim)
+        skipped.append(victim)
+    return skipped
 
 
 def budget_share(left_s: float, weight: float, weights_left: float) -> float:
@@ -218,19 +272,119 @@ def row_key(method: str, precision: str, compile_: str) -> dict:
             "compile": "on" if compile_ == "true" else "off"}
 
 
+class KernelProfile:
+    """``--kernels N``: torch.profiler over one untimed step of a row (gpu_profile.profile_one starts and stops it;
+    CUDA activity only on CUDA, CPU activity otherwise) and its top ``n`` kernels (operators on a CPU) by self
+    device time, torch.profiler's ``key_averages``. The first ``start()`` counts; later ones are no-ops."""
+
+    def __init__(self, device: torch.device, n: int) -> None:
+        self.device, self.n = device, n
+        self.prof: Any = None
+        self.used = False
+        self.t0 = 0.0
+        self.step_s: float | None = None  # wall time of the profiled step, profiler overhead included
+        self.top: list[dict] | None = None  # name, seconds in the step, calls
+        self.total_s: float | None = None  # all kernels' self device time in the step
+        self.error: str | None = None
+        self.finished: Any = None  # the stopped profiler, until result() summarises it
+
+    def start(self) -> None:
+        if self.used:
+            return
+        self.used = True
+        from torch.profiler import ProfilerActivity, profile
+
+        activity = ProfilerActivity.CUDA if self.device.type == "cuda" else ProfilerActivity.CPU
+        try:
+            self.prof = profile(activities=[activity])
+            self.prof.__enter__()
+        except Exception as exc:  # noqa: BLE001 - the kernel lines then say why
+            self.prof, self.error = None, _reason(exc)
+        self.t0 = time.perf_counter()
+
+    def stop(self, complete: bool = True) -> None:
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        try:
+            gp._sync(self.device)
+            self.step_s = time.perf_counter() - self.t0
+            prof.__exit__(None, None, None)
+            if complete:  # summarised in result(), after the row: the events' processing is not the row's time
+                self.finished = prof
+            else:
+                self.error = "the profiled step did not finish (budget stop)"
+        except Exception as exc:  # noqa: BLE001
+            self.error = _reason(exc)
+
+    def _summarise(self, prof: Any) -> None:
+        cuda = self.device.type == "cuda"
+
+        def self_us(e: Any) -> float:  # the attribute's name changed across torch versions
+            if not cuda:
+                return float(e.self_cpu_time_total)
+            return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+
+        events = [e for e in prof.key_averages() if self_us(e) > 0]
+        if cuda:  # the kernels (and copies) themselves, not the CPU-side operators that launched them
+            events = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")] or events
+        events.sort(key=self_us, reverse=True)
+        self.total_s = sum(self_us(e) for e in events) / 1e6
+        self.top = [{"name": e.key, "s": self_us(e) / 1e6, "calls": int(e.count)} for e in events[:self.n]]
+
+    def result(self, step_s: float | None) -> dict:
+        """The row's ``kernels`` entry: each kernel's seconds in the profiled step and its share of ``step_s``
+        (the row's timed s/step), else of the profiled step's own wall time."""
+        if self.finished is not None:
+            prof, self.finished = self.finished, None
+            try:
+                self._summarise(prof)
+            except Exception as exc:  # noqa: BLE001
+                self.error = _reason(exc)
+        base, of = (step_s, "s/step") if step_s else (self.step_s, "the profiled step's wall time")
+        out: dict[str, Any] = {"activity": "CUDA" if self.device.type == "cuda" else "CPU", "share of": of,
+                               "profiled step s": self.step_s, "all kernels s": self.total_s, "error": self.error}
+        if not self.used:
+            out["error"] = "no step was profiled (the row stopped before it)"
+        out["top"] = [{**k, "share": k["s"] / base if base else None} for k in self.top or []]
+        return out
+
+
+def kernel_lines(row: dict) -> list[str]:
+    """The ``--kernels`` lines of one row, printed before the table."""
+    k = row.get("kernels")
+    if not k:
+        return []
+    head = f"kernels {row['method']} {row['precision']} compile={row['compile']}"
+    if k.get("error") or not k.get("top"):
+        return [f"{head}: none ({k.get('error') or 'no kernel recorded'})"]
+    lines = [f"{head}: top {len(k['top'])} by self {k['activity']} time over one step, share of {k['share of']}"
+             + (f"; all kernels {k['all kernels s']:.4g} s" if k.get("all kernels s") is not None else "")]
+    for i, e in enumerate(k["top"], 1):
+        name = e["name"] if len(e["name"]) <= KERNEL_NAME_CHARS else e["name"][:KERNEL_NAME_CHARS - 3] + "..."
+        share = f"{100 * e['share']:5.1f} %" if e.get("share") is not None else "    ? %"
+        lines.append(f"  {i:2d}. {share} {e['s']:.4g} s {e['calls']}x {name}")
+    return lines
+
+
 def run_variant(method: str, precision: str, compile_: str, overrides: list[str], budget_s: float,
                 args: argparse.Namespace, data: Any) -> dict:
     """One row: bench/gpu_profile.py's profile_one under ``overrides`` and ``budget_s``; a failure is a row."""
     row: dict[str, Any] = {**row_key(method, precision, compile_), "budget s": budget_s}
     graphs0 = dynamo_graphs()
+    # --kernels: the baseline row only (the profile's overhead is kept out of its timed steps)
+    kp = (KernelProfile(torch.device(args.device), args.kernels)
+          if getattr(args, "kernels", 0) and (precision, compile_) == ("fp32", "false") else None)
     try:
         with counting_compile() as calls:
             r = gp.profile_one(method, args.dataset, args.eps, args.device, args.steps, args.warmup, args.tiny,
                                args.pretrain_iters, args.data_root, budget=budget_s, overrides=overrides, data=data,
-                               first_steps=args.first_steps)
+                               first_steps=args.first_steps, **({"kernels": kp} if kp is not None else {}))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the check goes on; the row says why
         row["notes"] = f"failed: {_reason(exc)}"
         row["error"] = f"{type(exc).__name__}: {exc}"
+        if kp is not None:
+            row["kernels"] = kp.result(None)
         return row
     row["profile"] = r
     row["peak GB"] = r.get("peak GB")
@@ -257,6 +411,8 @@ def run_variant(method: str, precision: str, compile_: str, overrides: list[str]
     elif calls[0] or graphs:
         notes.append(f"torch.compile called {calls[0]}x, {graphs} graphs compiled")
     row["notes"] = "; ".join(notes)
+    if kp is not None:
+        row["kernels"] = kp.result(row["s/step"])
     return row
 
 
@@ -301,6 +457,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--compile", dest="compiles", default=",".join(COMPILES), help="compile values: false,true")
+    ap.add_argument("--variants", default=None,
+                    help="rows as method:precision:compile, comma-separated (e.g. feta:bf16:true), instead of "
+                         "--methods x --precisions x --compile")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="top N kernels by self device time of each method's fp32/compile-off row, over one untimed "
+                         "step (torch.profiler), printed before the table and kept in the JSON (default 0: off)")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed steps per row at most (default 10000: the row's budget share ends it; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 2, 1 with --tiny)")
@@ -321,6 +483,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.data_root = a.data_root or os.environ.get("DPGEN_DATA", "data")
     if a.budget <= 0 or a.steps < 1 or a.warmup < 1:
         ap.error("--budget must be > 0, --steps and --warmup >= 1")
+    if a.variants:
+        try:
+            a.rows = [tuple(v.split(":")) for v in a.variants.split(",")]
+            assert all(len(r) == 3 and r[2] in COMPILES for r in a.rows)
+        except AssertionError:
+            ap.error("--variants: method:precision:compile items, compile false or true")
+        a.methods = ",".join(dict.fromkeys(m for m, _, _ in a.rows))
+    else:
+        a.rows = [(m, p, c) for m in a.methods.split(",") for p in a.precisions.split(",")
+                  for c in a.compiles.split(",")]
+    if a.kernels < 0:
+        ap.error("--kernels must be >= 0")
     unknown = [m for m in a.methods.split(",") if m not in gp.METHODS]
     if unknown:
         ap.error(f"unknown method {unknown[0]!r}; choose from {', '.join(gp.METHODS)}")
@@ -345,8 +519,7 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
     say(f"bf16 matmul: {gp._fmt(ref)} TFLOP/s")
     _cleanup(device)
 
-    variants = [(m, p, c) for m in a.methods.split(",") for p in a.precisions.split(",")
-                for c in a.compiles.split(",")]
+    variants = a.rows
     plans: list[tuple[str, str, str, list[str], str | None]] = []
     try:
         from dpgen.data import load_dataset
@@ -361,17 +534,25 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
         data, why = None, _reason(exc)
         plans = [(m, p, c, [], why) for m, p, c in variants]
 
-    weights_left = sum(row_weight(c) for _, _, c, _, why in plans if why is None)
+    runnable = [(m, p, c) for m, p, c, _, why in plans if why is None]
+    dropped = set(plan_rows(runnable, deadline - reserve_s(60.0 * a.budget) - time.perf_counter(), a.tiny))
+    if dropped:
+        say(f"{len(dropped)} rows skipped to give the others their minimum share: "
+            + ", ".join(f"{m}:{p}:{c}" for m, p, c in runnable if (m, p, c) in dropped))
+    weights_left = sum(row_weight(c, m) for m, p, c in runnable if (m, p, c) not in dropped)
     for i, (m, p, c, ov, why) in enumerate(plans, 1):
         label = f"{m} precision={p} compile={c}"
         if why is not None:
             rows.append({**row_key(m, p, c), "notes": f"failed: {why}"})
             say(f"row {i}/{len(plans)} {label}: not run: {why}")
             continue
-        w = row_weight(c)
+        if (m, p, c) in dropped:
+            rows.append({**row_key(m, p, c), "notes": "skipped (budget): lower priority than the rows that ran"})
+            continue
+        w = row_weight(c, m)
         share = budget_share(deadline - reserve_s(60.0 * a.budget) - time.perf_counter(), w, weights_left)
         weights_left -= w
-        if share < min_row_s(a.tiny):
+        if share < method_min_s(m, a.tiny):
             rows.append({**row_key(m, p, c), "notes": "skipped: budget spent"})
             say(f"row {i}/{len(plans)} {label}: skipped, budget spent")
             continue
@@ -384,6 +565,7 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
         say(f"row {i}/{len(plans)} {label}: {gp._fmt(row.get('s/step'))} s/step, {row['notes']}")
 
     out = table(env, a, rows, time.perf_counter() - (T_START if t_start is None else t_start))
+    kernels = [ln for r in rows for ln in kernel_lines(r)]
     if a.out:
         folder = Path(a.out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -391,6 +573,8 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
         (folder / "gpu_check.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1,
                                                           default=str) + "\n")
     sys.stderr.flush()
+    if kernels:
+        print("\n".join(kernels) + "\n", flush=True)
     print(out, flush=True)  # the last thing printed
     return rows
 

@@ -91,11 +91,12 @@ def _compose(method: str, dataset: str, eps: str, profile: str, overrides: list[
     return cfg
 
 
-def base_config(method: str, tiny: bool) -> tuple[str, list[str]]:
-    """(profile, overrides) of the config a method is profiled from: the paper's, or with ``tiny`` the quick
-    profile with tests/tiny.py's overrides (a CPU smoke test)."""
+def base_config(method: str, tiny: bool, profile: str | None = None) -> tuple[str, list[str]]:
+    """(profile, overrides) of the config a method is profiled from: the paper's (or ``profile``'s, e.g. quick
+    for bench/quick_step.py), or with ``tiny`` the quick profile with tests/tiny.py's overrides (a CPU smoke
+    test)."""
     if not tiny:
-        return "paper", []
+        return profile or "paper", []
     if str(ROOT / "tests") not in sys.path:
         sys.path.insert(0, str(ROOT / "tests"))
     from tiny import TINY
@@ -313,10 +314,13 @@ class _Pretrain:
         self.done: list[tuple[float, int]] = []  # (seconds, members) of each finished warm-up iteration
         self.flops = _FlopWindow()  # the first warm-up iteration (of a chunk)
         self.flops_pairs = 0  # (D, G) pair-iterations the window covered
+        self.profiled = -1  # the warm-up iteration a kernel profile covered (left out of the timing)
 
     def per_pair(self) -> tuple[float | None, bool]:
         """(seconds per (D, G) pair and warm-up iteration, whether the FLOP-counted first iteration is in it)."""
-        timed = self.done[1:] if len(self.done) > 1 else self.done  # the first carries the counter's overhead
+        # the first carries the counter's overhead, a kernel-profiled one the profiler's
+        timed = ([d for i, d in enumerate(self.done) if i not in (0, self.profiled)] or self.done[1:]
+                 or self.done)
         if not timed:
             return None, False
         return sum(t for t, _ in timed) / sum(m for _, m in timed), len(self.done) == 1
@@ -337,13 +341,19 @@ class _Pretrain:
 
 def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, warmup: int, tiny: bool,
                 pretrain_iters: int, data_root: str, budget: float | None = None,
-                overrides: list[str] | None = None, data: Any = None, first_steps: int | None = None) -> dict:
+                overrides: list[str] | None = None, data: Any = None, first_steps: int | None = None,
+                profile: str | None = None, kernels: Any = None) -> dict:
     """Train ``method`` for warmup + steps steps (or until ``budget`` s) and return one table row.
 
     See the module docstring. ``overrides`` are Hydra overrides applied after the tiny ones (``--set``).
     ``data``: the dataset already loaded (bench/gpu_check.py profiles many variants in one process), else it
     is loaded from ``data_root``. ``first_steps``: the steps of a first phase profiled (default warmup + steps;
     more than ``warmup``), for a caller that lets ``budget`` rather than ``steps`` end the main phase.
+    ``profile``: the config profile when not ``tiny`` (default paper; bench/quick_step.py passes quick).
+    ``kernels``: an object with ``start()`` and ``stop(complete=True)`` (bench/gpu_check.py's ``--kernels``)
+    started and stopped around ONE untimed step: the last warm-up step of the main phase (the FLOP-counted one
+    when ``warmup`` is 1), or for the ensembles the second warm-up iteration of the pre-training, which is then
+    left out of the pre-training's timing. Stopped before that step's timestamp: its overhead stays untimed.
     """
     t_begin = time.perf_counter()
     progress = _Progress(method, t_begin)
@@ -359,7 +369,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     logging.getLogger("absl").setLevel(logging.ERROR)
     dev = torch.device(device)
     notes: list[str] = []
-    profile, base = base_config(method, tiny)
+    profile, base = base_config(method, tiny, profile)
     overrides = [*base, *_applicable(overrides or [], _compose(method, dataset, eps, profile, base))]
     cfg = _compose(method, dataset, eps, profile, overrides)
     hp = cfg[cfg.method.hparams]
@@ -409,6 +419,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
             progress.tick(phase[0], f"training starts ({int(total)} steps planned in this run, profiling the "
                                     f"first {n1 + warmup + steps}); counting the FLOPs of step 1", force=True)
             if len(planned) == 1:
+                if kernels is not None and n1 + warmup == 1:  # step 1 is the only untimed step
+                    kernels.start()
                 step_flops.open()  # step 1: never timed (it ends where the timed steps start at the earliest)
 
         def step_done(self, step, scalars, state_fn) -> None:
@@ -418,8 +430,12 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
                 step_flops.close()
             if n1 and c == n1 + 1:
                 main_flops.close()
+            if kernels is not None and c == n1 + warmup:
+                kernels.stop()  # before the timestamp: the profiler's overhead stays out of the timed steps
             _sync(dev)
             stamps.append(time.perf_counter())
+            if kernels is not None and c == n1 + warmup - 1 and c >= 1:
+                kernels.start()  # the next step: the last untimed one
             if n1 and c == n1:
                 main_flops.open()  # step n1 + 1, the main phase's first: a warm-up step, never timed
             if n1 and c <= n1:
@@ -468,6 +484,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         except BaseException:
             pre.flops.close(complete=False)
             raise
+        if kernels is not None:
+            kernels.stop(complete=False)  # a pre-training of one warm-up iteration: no clean one was profiled
         if not pre.done:  # no iteration boundary seen (pretrain() changed): the window covered all of it
             pre.flops.close()
             pre.flops_pairs = pre.total_pairs(pre.iters)
@@ -495,10 +513,15 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
                 if not pre.done:
                     pre.flops.close()
                     pre.flops_pairs = self.m
+                if kernels is not None and len(pre.done) == 1:
+                    kernels.stop()
+                    pre.profiled = 1
                 _sync(dev)
                 now = time.perf_counter()
                 pre.done.append((now - pre.iter_start, self.m))
                 pre.iter_start = now
+                if kernels is not None and len(pre.done) == 1:
+                    kernels.start()  # the second warm-up iteration
                 progress.tick("pretrain", pretrain_progress())
                 budget_.check(where)
             return out
@@ -537,6 +560,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
             for window in (step_flops, main_flops, pre.flops):
                 if window is not None:
                     window.close(complete=False)
+            if kernels is not None:
+                kernels.stop(complete=False)  # a no-op unless a budget stop fell inside the profiled step
             for name, fn in originals.items():
                 setattr(train_mod, name, fn)
             run.close()
@@ -613,9 +638,12 @@ def _row(method: str, cfg, dev: torch.device, notes: list[str], stamps: list[flo
         elif t_pretrain and pre.iters:
             pretrain_full = t_pretrain[0] * pre.iters_full / pre.iters  # no iteration seen: scale the whole
         if pre.t_end is not None and pre.iters_full > pre.iters and setup is not None:
-            # the run did pre.iters of the profiled config's pre.iters_full warm-up iterations
-            setup += (per_pair * pre.total_pairs(pre.iters_full - pre.iters) if per_pair is not None
-                      else t_pretrain[0] * (pre.iters_full / pre.iters - 1.0))
+            # the run did pre.iters of the profiled config's pre.iters_full warm-up iterations (none: the
+            # pre-training was skipped, bench/quick_step.py, and the setup stays without it)
+            if per_pair is not None:
+                setup += per_pair * pre.total_pairs(pre.iters_full - pre.iters)
+            elif pre.iters:
+                setup += t_pretrain[0] * (pre.iters_full / pre.iters - 1.0)
         if pre.t_end is None and pretrain_full is not None:  # stopped in it: no step ran
             setup = pre.t_start - t0 + pretrain_full
         notes.append(_pretrain_note(pre, per_pair, with_counter, pretrain_full))
@@ -636,7 +664,11 @@ def _row(method: str, cfg, dev: torch.device, notes: list[str], stamps: list[flo
             "GFLOP/step": gflop, "TFLOP/s": tflops,
             "steps/s": (1.0 / main_s if main_s > 0 else math.inf) if main_s is not None else None,
             "steps (full)": full_steps, "setup s": setup, "peak GB": _peak_gb(dev), "full run h": full_h,
-            "steps timed": timed, "stopped": where if budget is not None else None,
+            "steps timed": timed,
+            # training start to the first timed step (setup, first phase, warm-up steps: compilation lands here)
+            "untimed s": stamps[n1 + warmup - 1] - t0 if n >= n1 + warmup else None,
+            "step times": [b - a for a, b in zip(stamps[n1 + warmup - 1:], stamps[n1 + warmup:])],
+            "stopped": where if budget is not None else None,
             **_pretrain_fields(pre, per_pair, pretrain_full), "notes": "; ".join(notes)}
 
 

@@ -163,7 +163,75 @@ def test_budget_split(gc, monkeypatch):
     shares.clear()
     clock[0] = 0.0
     rows = gc.main(["--device", "cpu", "--tiny", "--methods", "dpgan", "--budget", "0.06"], t_start=0.0)
-    assert not shares and [r["notes"] for r in rows[1:]].count("skipped: budget spent") == 4
+    assert not shares and [r["notes"].startswith("skipped") for r in rows[1:]].count(True) == 4
+
+
+def test_weights_give_feta_its_share(gc, monkeypatch):
+    """With the default --budget 7 and the default methods and variants, every feta row that runs gets at least
+    60 s (one paper-sized DP-SGD step takes about 20 s on an H200, plus a first phase): the lowest-priority
+    variants are skipped first and say so, feta keeps its fp32 and bf16 eager rows, and every method keeps its
+    fp32 baseline."""
+    rows = [(m, p, c) for m in gc.METHODS for p in gc.PRECISIONS for c in gc.COMPILES]
+    assert gc.row_weight("false", "feta") == gc.METHOD_WEIGHT["feta"] * gc.row_weight("false", "dpgan")
+
+    clock = [0.0]
+    monkeypatch.setattr(gc, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(gc, "matmul_rate", lambda device, n, seconds: {"method": "mm", "TFLOP/s": 1.0})
+    monkeypatch.setattr("dpgen.data.load_dataset", lambda *a, **k: None)
+    monkeypatch.setattr(gc, "compile_known", lambda *a: True)
+    monkeypatch.setattr(gc, "warm_imports", lambda methods: None)
+    monkeypatch.setattr(gc, "_cleanup", lambda device: None)
+    monkeypatch.setattr(gc, "preflight", lambda *a: None)
+    shares = {}
+
+    def run(m, p, c, ov, share, args, data):
+        shares[m, p, c] = share
+        clock[0] += share  # every row spends its whole share
+        return {"notes": "", "s/step": 1.0}
+
+    monkeypatch.setattr(gc, "run_variant", run)
+    clock[0] = 30.0  # imports, data and the matmul before the rows
+    out = gc.main(["--device", "cpu"], t_start=0.0)  # the defaults: --budget 7, every method and variant
+    feta = {k: v for k, v in shares.items() if k[0] == "feta"}
+    assert {("feta", "fp32", "false"), ("feta", "bf16", "false")} <= set(feta)
+    assert min(feta.values()) >= 60.0, feta
+    assert all((m, "fp32", "false") in shares for m in gc.METHODS)
+    skipped = [r for r in out[1:] if r["notes"].startswith("skipped (budget)")]
+    assert skipped and len(skipped) + len(shares) == len(rows)
+    assert all(gc.priority(r["precision"], "true" if r["compile"] == "on" else "false") >= gc.priority("bf16", "true")
+               for r in skipped)  # only lower-priority variants than the kept bf16/compile rows
+    assert sum(shares.values()) <= 420.0 - 30.0
+
+
+def test_kernels_print_before_the_table(tmp_path):
+    """--kernels 3 on --tiny --device cpu: for each method's fp32/compile-off row, the top 3 operators by self CPU
+    time over one untimed step (gswgan: a pre-training warm-up iteration), printed before the table, which stays
+    last; the JSON keeps them with their share of the step."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                           "--variants", "dpgan:fp32:false,gswgan:fp32:false,dpgan:bf16:false", "--kernels", "3",
+                           "--budget", "0.75", "--out", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = _table_lines(proc.stdout)
+    assert proc.stdout.rstrip("\n").endswith("\n" + "\n".join(lines))
+    body = [_cells(ln) for ln in lines[4:]]
+    assert [b[:3] for b in body[1:]] == [["dpgan", "fp32", "off"], ["gswgan pre-training", "fp32", "off"],
+                                         ["dpgan", "bf16", "off"]]
+    before = proc.stdout[:proc.stdout.rindex(lines[0])].splitlines()
+    for method in ("dpgan", "gswgan pre-training"):
+        head = next(i for i, ln in enumerate(before) if ln.startswith(f"kernels {method} fp32 compile=off: top 3"))
+        top = before[head + 1:head + 4]
+        assert [ln.split(".")[0].strip() for ln in top] == ["1", "2", "3"], before[head:head + 4]
+        assert all(" % " in ln and " s " in ln for ln in top)
+    assert not any(ln.startswith("kernels dpgan bf16") for ln in before)  # the baseline rows only
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    for r in saved[1:3]:
+        k = r["kernels"]
+        assert k["activity"] == "CPU" and len(k["top"]) == 3 and not k["error"], k
+        assert all(0 < e["share"] and e["s"] > 0 for e in k["top"])
+        assert k["top"][0]["s"] >= k["top"][1]["s"] >= k["top"][2]["s"]
+    assert "kernels" not in saved[3]
 
 
 def test_a_compile_row_says_whether_torch_compile_ran(gc, monkeypatch):
