@@ -19,7 +19,11 @@ All variants of a network run in this process, on the same weights and batch, in
 loaded machine slows them alike (the ratios are meaningful under load, the milliseconds are not).
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
-        [--threads 1] [--nets dpgan_D,feta_unet]
+        [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8]
+
+``--kernels N`` names what a private step adds: torch.profiler over one non-private and one private (hooks)
+step, then the N operators whose self time grows most from the first to the second (CPU operators on a CPU,
+kernels on CUDA), each with its share of the private step's profiled time.
 """
 from __future__ import annotations
 
@@ -209,6 +213,30 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
     return {"non-private compiled": non_private_compiled, "compiled": compiled_step}
 
 
+def profiled_ops(fn, device: torch.device) -> tuple[dict[str, float], float]:
+    """Self time (s) per operator/kernel over one call of ``fn`` (device time on CUDA, CPU time otherwise),
+    and the call's total of those self times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+        _sync(device)
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = (ev.self_device_time_total if cuda else ev.self_cpu_time_total) / 1e6
+        if t > 0:
+            out[ev.key] = out.get(ev.key, 0.0) + t
+    return out, sum(out.values())
+
+
+def added_ops(plain: dict[str, float], private: dict[str, float], total: float, n: int) -> list[str]:
+    """The ``n`` operators whose self time grows most from the non-private to the private step."""
+    delta = sorted(((private.get(k, 0.0) - plain.get(k, 0.0), k) for k in private), reverse=True)[:n]
+    return [f"    +{d * 1e3:8.2f} ms ({100 * d / total:5.1f} % of the private step)  {k[:90]}" for d, k in delta if d > 0]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -222,6 +250,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--kernels", type=int, default=0, help="print the N operators the private (hooks) step adds")
     a = ap.parse_args()
     device = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -268,6 +297,11 @@ def main() -> None:
                   f"ratio {med['compiled'] / c:.2f} (private compiled / non-private eager: {med['compiled'] / base:.2f})")
         for b, why in failed.items():
             print(f"  {name} {b}: {why}")
+        if a.kernels > 0 and "hooks" in med:
+            plain, _ = profiled_ops(steps["non-private"], device)
+            private, total = profiled_ops(steps["hooks"], device)
+            print(f"  {name}: what the private (hooks) step adds over the non-private one, by self time:")
+            print("\n".join(added_ops(plain, private, total, a.kernels)))
 
 
 if __name__ == "__main__":
