@@ -38,6 +38,7 @@ CASES = {  # name: (method, accounting, extra overrides)
     "dpac_keep_classifier": ("dpac", "paper", ["classifier.reinit=false"]),
     "efsgd": ("efsgd", "sound", []),
     "gswgan_refresh": ("gswgan", "sound", ["refresh_chunk=5", "shared_init=true"]),  # research options
+    "gswgan_independent_init": ("gswgan", "sound", ["shared_init=false"]),  # the papers' init (quick: shared)
     "efsgd_refresh": ("efsgd", "sound", ["refresh_chunk=3"]),
 }
 
