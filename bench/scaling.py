@@ -36,7 +36,7 @@ SIZES: dict[str, tuple[list[str], str]] = {
     "dpdm": (["feta.batch_size=256", "feta.multiplicity=4", "feta.micro_batch=64", "feta.unet.nf=8"], "DP-SGD steps"),
     "feta": (["feta.central=mean", "feta.warmup_iters=0", "feta.batch_size=256", "feta.multiplicity=4",
               "feta.micro_batch=64", "feta.unet.nf=8"], "DP-SGD steps"),
-    "gswgan": (["dpac.num_discriminators=16", "dpac.pretrain_chunk=4", "dpac.pretrain_iters=3", "dpac.critic_iters=2",
+    "gswgan": (["dpac.num_discriminators=16", "dpac.partitions_per_iter=4", "dpac.pretrain_chunk=4", "dpac.pretrain_iters=3", "dpac.critic_iters=2",
                 "dpac.batch_size=32", "dpac.g_width=16", "dpac.d_width=16"], "pre-trained pairs"),
     "gpate": (["gpate.teachers=40", "gpate.chunk=10", "gpate.batch_size=32", "gpate.proj_dim=10",
                "gpate.teacher_warmup=0"], "generator iterations"),

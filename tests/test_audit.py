@@ -98,7 +98,7 @@ def test_coins_are_fair_and_secret():
 
 #: tiny audits on the first 300 digits: batches of half the data and enough steps that an included canary is
 #: sampled (q·T ≥ 6), so the audit has power; each run takes seconds
-_ENSEMBLE_AUDIT = ["iters=24", "num_discriminators=4", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
+_ENSEMBLE_AUDIT = ["iters=24", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
                    "batch_size=64", "g_width=8", "d_width=4", "classifier.start=2", "classifier.n_fake=1",
                    "classifier.n_real=1", "classifier.fake_batch=10"]
 _ENSEMBLE_CANARIES = ["audit.canaries=256", "audit.guesses=64"]

@@ -2,7 +2,8 @@
 
 * one included canary per partition and generated-sample row enters the sanitiser's rows, before the clip, as a
   Dirac column of its own; after the clip it adds C to that one row, the noise draw covers its column, only the
-  image columns go on to G, and the score reads the released column of the canary's (public) row;
+  image columns go on to G, and the score reads the released column of the canary's (public) row; with several
+  sampled partitions each canary enters its own member's rows, which are clipped apart and then summed;
 * m > K·B canaries are refused;
 * a run without an audit releases exactly what it did before the hook existed: the trained generator is
   bit-for-bit that of the sanitisers' pre-audit code (kept verbatim below).
@@ -89,46 +90,71 @@ def test_more_canaries_than_partitions_times_rows_are_refused():
         SanitizerCanaries(c, "sanitizer", 3, 2, 0.5, 1.0)
 
 
+def test_canaries_of_several_sampled_partitions_enter_their_own_members_rows():
+    """Poisson sampling: an iteration that drew partitions 0 and 2 (K=3, B=2) gives each included canary a Dirac
+    column in its own member's row only; each row is clipped alone, the members' rows are summed per image, and
+    the score reads canary j's column in row j // K, whichever members were drawn."""
+    c = canaries_with([1, 1, 1, 1, 1, 1])
+    clip = 0.5
+    san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
+    group = SanitizerCanaries.attach(c, 3, 2, {"sanitizer": san})
+    g = torch.randn(2, 2, 1, 2, 2) * 0.01  # [M=2 members, B=2 rows, image]
+    group.start_iteration(torch.tensor([0, 2]))
+    san.sanitize_sum(g, scale=2.0)
+    rel = san.last_release
+    assert rel.shape == (2, 4 + 6) and san.last_clipped.shape == (4, 4 + 6)
+    # canaries of partition 0 (0 in row 0, 3 in row 1) and 2 (2 in row 0, 5 in row 1): each adds C, once
+    for j in (0, 2, 3, 5):
+        assert rel[j // 3, 4 + j] == pytest.approx(clip, rel=1e-6)
+    assert rel[:, 4 + 1].abs().sum() == 0 and rel[:, 4 + 4].abs().sum() == 0  # partition 1 was not drawn
+    assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all(), "every member's row is clipped alone"
+    group.start_iteration(torch.tensor([], dtype=torch.long))  # nothing drawn: the noise alone
+    san.sanitize_sum(g[:0], scale=2.0)
+    assert san.last_release.shape == (2, 10) and san.last_release.abs().sum() == 0  # no noise in this test
+
+
 # ---- a run without an audit: the pre-audit sanitisers, verbatim ------------------------------------------------
 
-def sanitize_before_audit(self, g: torch.Tensor) -> torch.Tensor:
-    dtype, shape = g.dtype, g.shape
+def sanitize_before_audit(self, g: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
     with full_precision():
-        g = at_least_fp32(g)
+        g = at_least_fp32(g).reshape(m * b, *shape)
         rows = g if self.basis is None else g.flatten(1) @ self.basis
         self.last_norms = rows.detach().flatten(1).norm(dim=1)
         clipped = clip_rows(rows, self.clip)
-        noise = gaussian_noise(rows.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+        signal = clipped.reshape(m, b, *rows.shape[1:]).sum(0)
+        noise = gaussian_noise(signal.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                mechanism="sanitizer noise")
-        release = clipped + noise
-        self.last_clipped = clipped.detach()
+        release = signal + noise
+        self.last_clipped, self.last_signal = clipped.detach(), signal.detach()
         self.last_release = release.detach()
         self.calls += 1
         if self.basis is not None:
-            release = (release @ self.basis.T).view(shape)
-        return (release / shape[0]).to(dtype)
+            release = release @ self.basis.T
+        return (release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
 
 
-def ef_sanitize_before_audit(self, g: torch.Tensor) -> torch.Tensor:
-    dtype = g.dtype
+def ef_sanitize_before_audit(self, g: torch.Tensor, k, y, scale: float = 1.0) -> torch.Tensor:
+    dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
     with full_precision():
         g = at_least_fp32(g)
-        v = self.update(g)
-        noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+        v = self.update_members(g, k, y).sum(0)
+        noise = gaussian_noise(v.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                mechanism="error-feedback sanitizer noise")
-        self.last_release = (v + noise).detach()
+        self.last_signal, self.last_release = v.detach(), (v + noise).detach()
         self.calls += 1
-        return (self.weight * (v + noise) / g.shape[0]).to(dtype)
+        return (self.weight * (v + noise).reshape(b, *shape) / (float(scale) * b)).to(dtype)
 
 
-@pytest.mark.parametrize("method,extra", [("gswgan", ()), ("dpac", ("dpac.sanitize=per_path",)), ("efsgd", ())])
+@pytest.mark.parametrize("method,extra", [("gswgan", ()), ("dpac", ("dpac.sanitize=per_path",)), ("efsgd", ()),
+                                          ("gswgan", ("dpac.partitions_per_iter=2",))])
 def test_a_run_without_audit_releases_what_it_did_before_the_hook(method, extra, tmp_path, monkeypatch):
     from tiny import train_in_memory
 
     gen, _, run = train_in_memory(method, tmp_path / "now", *extra, eps=2.0, noise_seed=0)
     assert run.audit is None
-    monkeypatch.setattr(Sanitizer, "sanitize", sanitize_before_audit)
-    monkeypatch.setattr(ErrorFeedbackSanitizer, "sanitize", ef_sanitize_before_audit)
+    monkeypatch.setattr(Sanitizer, "sanitize_sum", sanitize_before_audit)
+    monkeypatch.setattr(ErrorFeedbackSanitizer, "sanitize_sum", ef_sanitize_before_audit)
     ref, _, _ = train_in_memory(method, tmp_path / "before", *extra, eps=2.0, noise_seed=0)
     now, before = gen.state_dict(), ref.state_dict()
     assert now.keys() == before.keys()

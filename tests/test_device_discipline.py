@@ -28,9 +28,9 @@ HERE = str(Path(__file__).resolve())
 #: Poisson-sampled batch (every shape after it depends on it) and a data-dependent stop rule.
 SYNC_BUDGET = {
     "dpgan": 1,  # one Poisson batch per discriminator step (n_critic = 1): nonzero() gives its size
-    "gswgan": 0,  # the sampled discriminator k indexes the stacked ensemble as a tensor; losses stay tensors
-    "dpac": 0,
-    "efsgd": 0,
+    "gswgan": 1,  # the Poisson sample of partitions: nonzero() gives its size (the paper's one uniform draw: none)
+    "dpac": 1,
+    "efsgd": 1,
     "gpate": 1,  # vote counts read back once per iteration for the data-dependent (paper) RDP and its stop test
     "dpaf": 1,  # the sizes of log_every steps' Poisson samples, read back once per chunk (dpaf.mechanisms.PoissonSampler)
     "feta": 1,  # one Poisson batch per DP-SGD step; micro-batches then know their sizes (warm-up: none needed)

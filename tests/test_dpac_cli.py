@@ -9,7 +9,7 @@ import torch
 from conftest import run_script
 
 TINY_DPAC = [
-    "dpac.iters=4", "dpac.num_discriminators=4", "dpac.pretrain_iters=2", "dpac.pretrain_chunk=4",
+    "dpac.iters=4", "dpac.num_discriminators=4", "dpac.partitions_per_iter=1", "dpac.pretrain_iters=2", "dpac.pretrain_chunk=4",
     "dpac.critic_iters=1", "dpac.batch_size=8", "dpac.g_width=8", "dpac.d_width=4", "dpac.classifier.start=2",
     "dpac.classifier.n_fake=1", "dpac.classifier.n_real=1", "dpac.classifier.fake_batch=10",
     "checkpoint_every=2", "log_every=2", "samples_per_class=4", "progress=false",

@@ -61,12 +61,17 @@ def test_kept_classifier_is_refused_by_the_schema_under_sound_accounting(method)
     base = [f"method={method}", "dataset=fmnist", f"{block}.classifier.enabled=true", f"{block}.classifier.reinit=false"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         sound = compose("train", overrides=[*base, "eps=10"])
-        paper = compose("train", overrides=[*base, "eps=10", "privacy.accounting=paper"])
-        off = compose("train", overrides=[*base, "eps=inf"])
+        uniform = [f"{block}.sampling=uniform", f"{block}.partitions_per_iter=1"]
+        paper = compose("train", overrides=[*base, "eps=10", "privacy.accounting=paper", *uniform])
+        off = compose("train", overrides=[*base, "eps=inf", *uniform])
+        poisson = compose("train", overrides=[*base, "eps=inf"])
     with pytest.raises(DpgenError, match=rf"^{block}\.classifier\.reinit=false carries earlier partitions"):
         check_config(sound)
     check_config(paper)
     check_config(off)
+    with pytest.raises(DpgenError, match=rf"^{block}\.classifier\.reinit=False is invalid; expected true with "
+                                         rf"{block}\.sampling=poisson"):
+        check_config(poisson)  # one kept classifier cannot serve several partitions of one iteration
 
 
 def test_grad_basis_larger_than_the_image_is_refused_before_any_run_directory(tmp_path):
@@ -79,3 +84,38 @@ def test_grad_basis_larger_than_the_image_is_refused_before_any_run_directory(tm
     assert res.stderr.strip().splitlines()[-1] == \
         "error: dpac.grad_basis=785 is invalid; expected at most the image size 784 (or null)"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("method", ["gswgan", "dpac", "efsgd"])
+def test_the_uniform_draw_is_refused_where_a_valid_bound_is_claimed(method, tmp_path):
+    """``sampling=uniform`` (the paper's one partition per iteration) has no valid sound bound (docs/privacy.md,
+    "Sampling partitions"): one line, exit 2, before any run directory exists; paper accounting and eps=inf run."""
+    from tiny import compose_cfg
+
+    from dpgen.core.schema import check_config
+    from dpgen.errors import DpgenError
+
+    block = "efsgd" if method == "efsgd" else "dpac"
+    with pytest.raises(DpgenError, match=rf"^{block}\.sampling=uniform \(one partition per iteration, as the paper\) "
+                                         "has no valid sound bound"):
+        check_config(compose_cfg(method, f"{block}.sampling=uniform"))
+    check_config(compose_cfg(method, f"{block}.sampling=uniform", "privacy.accounting=paper"))
+    check_config(compose_cfg(method, f"{block}.sampling=uniform", eps="inf"))
+    with pytest.raises(DpgenError, match=rf"^{block}\.partitions_per_iter=2 is invalid; expected 1 with "):
+        check_config(compose_cfg(method, f"{block}.sampling=uniform", f"{block}.partitions_per_iter=2",
+                                 "privacy.accounting=paper"))
+    with pytest.raises(DpgenError, match=rf"^{block}\.partitions_per_iter=5 is invalid; expected an integer between 1 "):
+        check_config(compose_cfg(method, f"{block}.partitions_per_iter=5"))  # tiny K = 4
+
+
+@pytest.mark.parametrize("method", ["gswgan", "efsgd"])
+def test_train_refuses_the_uniform_draw_under_sound_accounting(method, tmp_path):
+    """The same refusal at training time (a config built in code, not through the schema); nothing written."""
+    from tiny import train_in_memory
+
+    from dpgen.errors import DpgenError
+
+    block = "efsgd" if method == "efsgd" else "dpac"
+    with pytest.raises(DpgenError, match=rf"^{block}\.sampling=uniform .* has no valid sound bound"):
+        train_in_memory(method, tmp_path, f"{block}.sampling=uniform")
+    assert not (tmp_path / "checkpoints").exists()

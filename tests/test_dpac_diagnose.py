@@ -39,9 +39,11 @@ def test_measure_probes_every_iteration_of_a_real_run(tmp_path, one_torch_thread
     from dpgen.dpac.diagnose import measure
 
     rows = measure("gswgan", 10, 3, str(tmp_path / "data"), TINY["gswgan"], dataset="digits", bases=(16,))
-    assert len(rows) == 3 and set(rows[0]) == {"gnorm", "snr", "snr_L16", "kept_L16", "gnorm_D", "snr_D", "snr_all"}
+    assert len(rows) == 3 and set(rows[0]) == {"gnorm", "snr", "snr_L16", "kept_L16", "gnorm_D", "snr_D", "snr_all",
+                                               "members"}
     assert all(r["snr_D"] == pytest.approx(r["snr_all"]) for r in rows), "one path: the update is that path"
-    assert all(0 < r["snr"] < float("inf") for r in rows)
+    assert all(0 <= r["snr"] < float("inf") for r in rows)
+    assert all((r["snr"] > 0) == (r["members"] > 0) for r in rows), "no sampled partition: noise alone"
 
 
 def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread, monkeypatch):
@@ -56,9 +58,9 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
     plain, _, _ = train_in_memory("gswgan", tmp_path / "a", *over, noise_seed=4)
     original, gen = tr.generator_step, torch.Generator().manual_seed(0)
 
-    def probed(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g):
+    def probed(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g, **kw):
         probe_step(g_net, disc, clf, k, san_d.clip, san_d.noise_multiplier, beta, b, ncls, {}, gen)
-        return original(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g)
+        return original(g_net, opt_g, disc, clf, k, san_d, san_c, beta, b, ncls, g, **kw)
 
     monkeypatch.setattr(tr, "generator_step", probed)
     watched, _, _ = train_in_memory("gswgan", tmp_path / "b", *over, noise_seed=4)
@@ -66,13 +68,16 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
         assert torch.equal(a, b), n
 
 
+PRIVATE_CODE = ["efsgd.encoder.code=private", "efsgd.sampling=uniform", "privacy.accounting=paper"]
+
+
 @pytest.mark.parametrize("method,over,paths", [
     ("dpac", ["dpac.sanitize=per_path"], {"D", "C"}),
     ("dpac", ["dpac.sanitize=joint"], {"DC"}),
     ("efsgd", ["efsgd.sanitize=per_path"], {"d", "c", "e"}),
     ("efsgd", ["efsgd.sanitize=joint"], {"dc", "e"}),
-    ("efsgd", ["efsgd.encoder.code=prior"], {"dc", "e"}),
-], ids=["dpac_per_path", "dpac_joint", "efsgd_per_path", "efsgd_joint", "efsgd_prior"])
+    ("efsgd", PRIVATE_CODE, {"dc", "e"}),
+], ids=["dpac_per_path", "dpac_joint", "efsgd_per_path", "efsgd_joint", "efsgd_private_code"])
 def test_every_release_path_is_probed_against_its_own_noise(tmp_path, one_torch_thread, method, over, paths):
     """One snr_<path> per path the iteration releases (C's from t_c = 2 on, joint: D's path becomes D + C's);
     doubling z halves the D path's signal/noise on the same state (a fixed secret draw: iteration 0 is the same
@@ -80,11 +85,13 @@ def test_every_release_path_is_probed_against_its_own_noise(tmp_path, one_torch_
     from dpgen.dpac.diagnose import measure
 
     key = "efsgd" if method == "efsgd" else "dpac"
-    rows = {z: measure(method, 10, 3, str(tmp_path / "data"), [*TINY[method], *over, f"{key}.noise_multiplier={z}"],
-                       dataset="digits", noise_seed=0) for z in (20, 40)}
+    many = [] if over == PRIVATE_CODE else [f"{key}.partitions_per_iter=2"]  # Poisson: some sampled partitions
+    rows = {z: measure(method, 10, 3, str(tmp_path / "data"),
+                       [*TINY[method], *over, *many, f"{key}.noise_multiplier={z}"], dataset="digits", noise_seed=0)
+            for z in (20, 40)}
     got = {k[4:] for k in rows[20][2] if k.startswith("snr_") and k not in ("snr_all", "snr_code")}
-    assert got == paths and len(rows[20]) == 3
-    assert ("snr_code" in rows[20][2]) == (method == "efsgd" and "efsgd.encoder.code=prior" not in over)
+    assert got == paths and len(rows[20]) == 3 and rows[20][0]["members"] > 0
+    assert ("snr_code" in rows[20][2]) == (over == PRIVATE_CODE)
     first = "D" if method == "dpac" else "d"  # before t_c every method releases D's gradient alone
     assert rows[20][0][f"snr_{first}"] / rows[40][0][f"snr_{first}"] == pytest.approx(2.0, rel=1e-4)
     assert all(0 < r["snr_all"] < float("inf") for r in rows[20])

@@ -72,27 +72,34 @@ def test_classifier_trains_on_fake_then_real():
     assert phases == ["both"] * 3 and calls == ["fake", "real"] * 3
 
 
-def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> list[int]:
+def _count_classifier_steps(tmp_path, monkeypatch, reinit: bool) -> tuple[list[int], list[int]]:
+    """Adam steps taken so far by C when a training call starts: (the one-member template's calls, the calls on
+    the sampled partitions' copies)."""
     from test_dpac_sanitizer import run_tiny
 
     tr = importlib.import_module("dpgen.dpac.method")  # DPAC's classifier phase
-    seen: list[int] = []
+    template, copies = [], []
     orig = tr.train_classifier
 
     def spy(clf, *a, **k):
-        seen.append(int(clf.t[0]))  # Adam steps taken so far by C when its training starts
+        if len(clf):
+            (copies if k.get("stacked") else template).append(int(clf.t[0]))
         return orig(clf, *a, **k)
 
     monkeypatch.setattr(tr, "train_classifier", spy)
-    # a kept C is allowed under the paper analysis only (see the test below)
-    run_tiny(tmp_path, accounting="sound" if reinit else "paper", iters=5,
+    # a kept C is allowed under the paper analysis and its one uniform partition only (see the test below)
+    run_tiny(tmp_path, accounting="sound" if reinit else "paper", iters=5, partitions_per_iter=2 if reinit else 1,
+             sampling="poisson" if reinit else "uniform",
              classifier={"reinit": reinit, "n_fake": 2, "n_real": 1, "start": 2})
-    return seen
+    return template, copies
 
 
 def test_classifier_is_reinitialised_every_iteration_from_t_c(tmp_path, monkeypatch):
-    assert _count_classifier_steps(tmp_path / "a", monkeypatch, True) == [0, 0, 0], "fresh C at iterations 2, 3, 4"
-    assert _count_classifier_steps(tmp_path / "b", monkeypatch, False) == [0, 3, 6], "reinit=false keeps training C"
+    template, copies = _count_classifier_steps(tmp_path / "a", monkeypatch, True)
+    assert template == [0, 0, 0], "fresh C at iterations 2, 3, 4"
+    assert copies and set(copies) == {2}, "each sampled partition's C starts from the template's 2 fake steps"
+    template, copies = _count_classifier_steps(tmp_path / "b", monkeypatch, False)
+    assert template == [0, 3, 6] and copies == [], "reinit=false keeps training the one C"
 
 
 @pytest.mark.parametrize("method", ["dpac", "efsgd"])

@@ -55,6 +55,41 @@ def test_noise_std_is_two_c_z():
     assert san.noise_std == pytest.approx(2 * clip * z)
 
 
+def test_several_partitions_each_row_clipped_summed_then_one_noise_draw_per_image():
+    """Poisson sampling: M sampled partitions give M rows per image; each is clipped to C on its own, the M clipped
+    rows are summed, ONE noise draw of std 2Cz is added per image (not M), and the release is ÷(expected M · B)."""
+    clip, z, m, b = 0.5, 2.0, 3, 5
+    g = torch.randn(m, b, *SHAPE) * 100.0  # every row far outside the ball
+    san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=0))
+    out = san.sanitize_sum(g, scale=2.0)
+    clipped = g.flatten(2) * (clip / g.flatten(2).norm(dim=2, keepdim=True))
+    assert (san.last_clipped.flatten(1).norm(dim=1) <= clip * (1 + 1e-5)).all() and len(san.last_clipped) == m * b
+    torch.testing.assert_close(san.last_signal.flatten(1), clipped.sum(0))
+    torch.testing.assert_close(out, clipped.sum(0).view(b, *SHAPE) / (2.0 * b))
+    noisy = Sanitizer(clip, z, secret_generator("cpu", seed=1))
+    noisy.sanitize_sum(torch.zeros(m, 64, *SHAPE), scale=2.0)  # zero gradients: the release is the noise
+    assert noisy.last_release.shape == (64, *SHAPE)
+    assert noisy.last_release.std().item() == pytest.approx(2 * clip * z, rel=0.02), "one draw per image"
+    empty = Sanitizer(clip, z, secret_generator("cpu", seed=1)).sanitize_sum(torch.zeros(0, 64, *SHAPE), scale=2.0)
+    torch.testing.assert_close(empty * (2.0 * 64), noisy.last_release.view(64, *SHAPE))  # M = 0: the noise alone
+
+
+def test_one_partitions_rows_move_the_release_by_at_most_2c_per_image():
+    """The sensitivity the ledger charges (2C per image, 2C·√B for the B rows): replacing ONE member's rows by
+    anything moves the noise-free release by at most 2C per image, whatever the other members' rows are."""
+    clip, m, b = 0.5, 4, 6
+    torch.manual_seed(0)
+    for _ in range(20):
+        g = torch.randn(m, b, *SHAPE) * torch.rand(m, b, 1, 1, 1) * 3
+        h = g.clone()
+        h[2] = torch.randn(b, *SHAPE) * torch.rand(b, 1, 1, 1) * 3  # another dataset: member 2's D differs
+        san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=0))
+        a, c = san.sanitize_sum(g) * b, san.sanitize_sum(h) * b
+        per_image = (a - c).flatten(1).norm(dim=1)
+        assert (per_image <= 2 * clip * (1 + 1e-5)).all()
+        assert (a - c).norm() <= 2 * clip * math.sqrt(b) * (1 + 1e-5)
+
+
 def test_a_basis_sanitiser_clips_and_noises_the_coefficients_and_releases_only_their_span():
     """dpac.grad_basis: each row's L DCT coefficients are clipped to C and get noise std 2Cz (the same Gaussian
     mechanism as the pixel release, so the same ledger); what reaches x is U·release / B, inside span(U)."""

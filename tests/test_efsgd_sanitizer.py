@@ -136,7 +136,8 @@ def test_reconstruction_gradient_is_sanitised_and_is_all_that_reaches_g():
     code = encoder_input(torch.randn(b, 10), torch.arange(b) % 10, 10, True, 1.0, 0.5, secret_generator("cpu", seed=9))
     g = secret_generator("cpu", seed=4)
     state = g.get_state()
-    generator_step(g_net, opt, disc, clf, torch.tensor([1]), san, b, 10, g, (code, xr, torch.arange(b) % 10))
+    generator_step(g_net, opt, disc, clf, torch.tensor([1]), san, b, 10, g, (code, xr.unsqueeze(0),
+                                                                             torch.arange(b) % 10))
     grads = [p.grad.clone() for p in g_net.parameters()]
     e = san["e"]
     assert e.calls == 1 and (e.last_norms > c1).all(), "setup: the reconstruction gradient must need clipping"
@@ -180,14 +181,15 @@ def test_joint_release_is_the_one_sanitised_weighted_sum_and_all_that_reaches_g(
     recon = None
     if prior:
         pub = torch.Generator().manual_seed(5)
-        recon = prior_recon_batch(g_net, xr, yr, 10, pub)
+        recon = prior_recon_batch(g_net, xr.unsqueeze(0), yr.unsqueeze(0), 10, pub)
         pub.manual_seed(5)
-        other = prior_recon_batch(g_net, torch.rand(b, *SHAPE), (yr + 5) % 10, 10, pub)
+        other = prior_recon_batch(g_net, torch.rand(1, b, *SHAPE), (yr.unsqueeze(0) + 5) % 10, 10, pub)
         torch.testing.assert_close(recon[0], other[0], rtol=0, atol=0)  # the code: public, data-independent
         torch.testing.assert_close(recon[2], other[2], rtol=0, atol=0)  # its labels (key the error states)
         match = recon[2].unsqueeze(1) == yr.unsqueeze(0)
-        assert torch.equal(recon[3], match.any(1).float())
-        assert all((recon[1][i] == xr[yr == recon[2][i]]).all(1).all(1).all(1).any() for i in range(b) if recon[3][i])
+        assert torch.equal(recon[3][0], match.any(1).float())
+        assert all((recon[1][0, i] == xr[yr == recon[2][i]]).all(1).all(1).all(1).any()
+                   for i in range(b) if recon[3][0, i])
         assert 0 < recon[3].sum() < b, "setup: some rows matched, some not"
     g = secret_generator("cpu", seed=4)
     state = g.get_state()
@@ -215,7 +217,8 @@ def test_joint_release_is_the_one_sanitised_weighted_sum_and_all_that_reaches_g(
     for a, r in zip(grads, ref):
         torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r, rtol=1e-4, atol=1e-7)
     if prior:  # unmatched rows: zero gradient before the sanitiser (it then adds only noise)
-        assert (san["e"].last_norms[recon[3] == 0] == 0).all() and (san["e"].last_norms[recon[3] == 1] > 0).all()
+        mask = recon[3][0]
+        assert (san["e"].last_norms[mask == 0] == 0).all() and (san["e"].last_norms[mask == 1] > 0).all()
 
 
 def test_encoder_code_is_clipped_and_noised():
@@ -232,7 +235,7 @@ def test_encoder_code_is_clipped_and_noised():
 TINY_HP = {**{k: v for k, v in DPAC_TINY_HP.items() if k != "beta"},
            "error_feedback": True, "C2": 2.0, "noise_injection": True, "sigma_noise": 0.1, "recon": True,
            "gamma_recon": 1.0, "lambda_c": 0.25,
-           "encoder": {"width": 4, "steps": 1, "kl_weight": 1e-3, "code": "private", "code_clip": 1.0}}
+           "encoder": {"width": 4, "steps": 1, "kl_weight": 1e-3, "code": "prior", "code_clip": 1.0}}
 
 
 def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
@@ -246,8 +249,11 @@ def run_tiny(tmp_path, accounting="sound", target=8.0, **over):
     return train(hp, _toy_data(), ledger, run), ledger, run
 
 
-@pytest.mark.parametrize("recon", [True, False])
-def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon):
+@pytest.mark.parametrize("recon,code", [(True, "prior"), (False, "prior"), (True, "private")])
+def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon, code):
+    """Every sanitised path is in the ledger: the reconstruction gradient with a public prior code (Poisson
+    partitions, sound accounting), and also the released code with a private one (the paper's one uniform
+    partition per iteration, which runs only under paper accounting; the sound entries are still recorded)."""
     tr = importlib.import_module("dpgen.efsgd.train")
     made = []
     orig = tr.ErrorFeedbackSanitizer
@@ -258,13 +264,19 @@ def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon)
             made.append(self)
 
     monkeypatch.setattr(tr, "ErrorFeedbackSanitizer", Spy)
-    gen, ledger, run = run_tiny(tmp_path, recon=recon, clip=0.01, C2=0.02)  # small C1: clipping is active
+    private = code == "private"
+    extra = {"sampling": "uniform"} if private else {}
+    gen, ledger, run = run_tiny(tmp_path, accounting="paper" if private else "sound", recon=recon, clip=0.01,
+                                C2=0.02, encoder={"code": code}, **extra)  # small C1: clipping is active
     san_d, san_c, san_e = made
     assert (san_d.calls, san_c.calls, san_e.calls) == (4, 2, 4 if recon else 0)
     # D (+ code + recon gradient) for t < t_c = 2, then + C
-    paths = [3, 4] if recon else [1, 2]
+    paths = ([3, 4] if private else [2, 3]) if recon else [1, 2]
     assert [(e.name, e.sampling, e.count, len(e.noise_multipliers)) for e in ledger.entries] == [
         ("efsgd.generator", "poisson", 2, paths[0]), ("efsgd.generator", "poisson", 2, paths[1])]
+    if private:  # paper accounting: DiceSGD's noise, recorded at what the sensitivity argument allows
+        assert all(e.sampling_rate == pytest.approx(1 / 4) for e in ledger.entries)
+        return
     zp = san_d.noise_multiplier / math.sqrt(6)
     for e in ledger.entries:
         assert e.sampling_rate == pytest.approx(1 / 4)

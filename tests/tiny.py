@@ -16,7 +16,7 @@ from conftest import in_memory_run
 
 METHODS = ("dpgan", "gswgan", "dpac", "efsgd", "gpate", "dpaf", "feta", "dpdm")
 
-_ENSEMBLE = ["iters=4", "num_discriminators=4", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
+_ENSEMBLE = ["iters=4", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
              "batch_size=8", "g_width=8", "d_width=4", "classifier.start=2", "classifier.n_fake=1",
              "classifier.n_real=1", "classifier.fake_batch=10"]
 _FETA = ["iters=2", "batch_size=32", "multiplicity=2", "micro_batch=16", "unet.nf=4", "sampler.steps=2"]

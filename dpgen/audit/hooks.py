@@ -156,9 +156,10 @@ class SanitizerCanaries(Channel):
 
     Canary j is a record of partition j mod K; in an iteration that draws its partition it is the generated
     sample of row (j // K) (so m ≤ K·B: at most one canary per partition and row). The trainer calls
-    :meth:`start_iteration` with the drawn partition k (a device tensor: no host sync); the sanitiser then calls
-    :meth:`extend` on its (B, d) rows before clipping, and :meth:`release` on its (B, d + m) clipped-plus-noise
-    release, which scores the reserved coordinates and hands the first d columns back. Row r of an iteration that
+    :meth:`start_iteration` with the drawn partitions k_1..k_M (a device tensor); the sanitiser then calls
+    :meth:`extend` on its (M·B, d) rows (member j's B rows) before clipping, and :meth:`release` on its (B, d + m)
+    release (the clipped rows summed over the M members, plus noise), which scores the reserved coordinates and
+    hands the first d columns back. Row r of an iteration that
     drew k carries e_{d+j}·DIRAC_NORM·C for the included canary j = k + r·K: after the clip it adds C to that one
     row, within the 2C per row (all B rows) that the sanitiser's sensitivity argument allows a record of
     partition k. An error-feedback sanitiser (efsgd) clips and keeps error states on the extended rows, so a
@@ -195,17 +196,20 @@ class SanitizerCanaries(Channel):
         self.shape: torch.Size | None = None
 
     def start_iteration(self, k: torch.Tensor) -> None:
-        """The iteration drew partition ``k`` (one-element device tensor): its included canaries enter the rows."""
-        self.current = k.reshape(1)
+        """The iteration drew partitions ``k`` (a device tensor of M ≥ 0 members: no host sync): their included
+        canaries enter this iteration's rows."""
+        self.current = k.reshape(-1)
 
     def extend(self, rows: torch.Tensor) -> torch.Tensor:
-        """(B, ...) rows → (B, d + m): the rows flattened, then the canaries' Dirac columns (before clipping)."""
+        """(M·B, ...) rows, member j's B rows after member j-1's → (M·B, d + m): the rows flattened, then the
+        canaries' Dirac columns (before clipping); a canary of partition k_j enters member j's rows only."""
         if self.current is None:
             raise RuntimeError(f"audit channel {self.name}: start_iteration(k) was not called")
-        if rows.shape[0] != self.rows_per_release:
-            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected B={self.rows_per_release}")
-        self.shape = rows.shape
-        flat = rows.reshape(rows.shape[0], -1)
+        b, m_members = self.rows_per_release, len(self.current)
+        if rows.shape[0] != m_members * b:
+            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected M*B={m_members}*{b}")
+        self.shape = torch.Size((b, *rows.shape[1:]))
+        flat = rows.flatten(1)
         extra = torch.zeros(rows.shape[0], self.m + 1, dtype=flat.dtype, device=flat.device)
         # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
         extra.scatter_(1, self.table.index_select(0, self.current).view(-1, 1),
@@ -242,6 +246,7 @@ class SanitizerGroup:
         self.channels = channels
 
     def start_iteration(self, k: torch.Tensor) -> None:
-        """Alg. 1 line 2 drew partition ``k``: every path's canaries of k enter this iteration's rows."""
+        """The iteration drew partitions ``k`` (one with the paper's uniform draw, Alg. 1 line 2; any number with
+        Poisson sampling): every path's canaries of those partitions enter this iteration's rows."""
         for ch in self.channels:
             ch.start_iteration(k)

@@ -402,6 +402,10 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.sanitize": "per_path",     # issue 26: dpac runs before the option sanitised D's and C's paths apart
     "dpac.grad_basis": None,         # issue 26: ... and released every pixel of the image gradient
     "efsgd.sanitize": "per_path",    # efsgd runs before the option released D's and C's gradients apart
+    "dpac.sampling": "uniform",      # GS-WGAN-family runs before the option drew one partition per iteration
+    "dpac.partitions_per_iter": 1,
+    "efsgd.sampling": "uniform",
+    "efsgd.partitions_per_iter": 1,
 }
 
 

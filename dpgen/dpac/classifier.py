@@ -2,7 +2,7 @@
 
 At every generator iteration from t_c on, C is re-initialised (ablation: ``reinit=false`` keeps it)
 and trained *sequentially*: n_f steps on fake samples, then n_r steps on real samples of the
-currently sampled discriminator's partition (ablation: ``order=parallel`` averages the two losses
+currently sampled discriminator's partition (one C per sampled partition when several are sampled) (ablation: ``order=parallel`` averages the two losses
 in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²] + ε·E[C(x, y)²],
 the gradient penalty taken at x itself and the drift ε = 1e-3 as in the official code. C is never released; its only path to
 G is the sanitised gradient (see :mod:`dpgen.gswgan.sanitizer`).
@@ -31,13 +31,16 @@ def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam:
 
 
 def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_real: int, order: str, lam: float,
-                     lr: float, betas: tuple[float, float], drift: float = 0.0) -> list[str]:
-    """Train C in place; returns the sequence of phases run ("fake"/"real"/"both"), for tests and logs."""
-    one = torch.zeros(1, dtype=torch.long, device=clf.t.device)
+                     lr: float, betas: tuple[float, float], drift: float = 0.0, stacked: bool = False) -> list[str]:
+    """Train C in place; returns the sequence of phases run ("fake"/"real"/"both"), for tests and logs.
+
+    ``stacked``: every member of ``clf`` trains at once on its own batches, which ``fake``/``real`` return with a
+    leading member dim [M, b, ...]; otherwise ``clf`` has one member and the batches have none."""
+    members = torch.arange(len(clf), dtype=torch.long, device=clf.t.device)
     phases: list[str] = []
 
     def step(loss: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
-        functional_step(clf, loss, one, *(x.unsqueeze(0) for x in xs), lr=lr, betas=betas)
+        functional_step(clf, loss, members, *(x if stacked else x.unsqueeze(0) for x in xs), lr=lr, betas=betas)
 
     single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam, drift)  # noqa: E731
     if order == "sequential":

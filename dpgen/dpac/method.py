@@ -1,7 +1,8 @@
 """DP-GAN-DPAC (Chen et al., CVPR 2023, Alg. 1): GS-WGAN plus the dual-purpose auxiliary classifier C.
 
 :class:`Dpac` is :class:`dpgen.gswgan.train.GsWgan` through its extension points: C is extra per-partition state
-(re-initialised and trained on the sampled partition k at every iteration from t_c on, :func:`classifier_phase`),
+(one per sampled partition k, re-initialised and trained on partition k at every iteration from t_c on,
+:func:`classifier_phase`),
 its gradient ∇_{G(z)} C is an extra loss path of G's step (weight 1 − β), and, with ``dpac.sanitize=per_path`` (the
 official code), an extra release path with its own sanitiser; ``dpac.sanitize=joint`` (Eq. 9) releases the
 gradient of β·D + (1 − β)·C through ONE sanitiser, one path. C is never released.
@@ -19,7 +20,7 @@ from dpgen.errors import DpgenError
 from dpgen.gswgan.accounting import iteration_entries
 from dpgen.gswgan.nets import ResNetGenerator
 from dpgen.gswgan.sanitizer import Sanitizer
-from dpgen.gswgan.train import GsWgan, Partitions, generator_step
+from dpgen.gswgan.train import GsWgan, Partitions, check_uniform_sampling, generator_step
 from dpgen.gswgan.train import check_hparams as gswgan_check_hparams
 from dpgen.nets.spectral import sn_init
 from dpgen.privacy import PrivacyLedger
@@ -40,6 +41,9 @@ def check_classifier_reuse(hp: DictConfig, ledger: PrivacyLedger, prefix: str, c
         raise DpgenError(f"{prefix}.classifier.reinit=false carries earlier partitions into C, which the sound "
                          f"ledger cannot charge at rate 1/K; use {prefix}.classifier.reinit=true or "
                          "privacy.accounting=paper")
+    if str(hp.get("sampling", "poisson")) != "uniform":
+        raise DpgenError(f"{prefix}.classifier.reinit=false keeps one classifier across iterations, which needs "
+                         f"one partition per iteration: use {prefix}.sampling=uniform")
     if KEPT_CLASSIFIER_NOTE not in ledger.notes:
         ledger.notes.append(KEPT_CLASSIFIER_NOTE)
 
@@ -60,24 +64,51 @@ def classifier_start(hp: DictConfig) -> int | None:
 
 def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
-                     init_gen: torch.Generator, data_gen: SecretGenerator) -> None:
-    """DPAC Alg. 1 lines 10–19: (re-)initialise C, then n_f fake and n_r real steps on D_k's partition.
+                     init_gen: torch.Generator, data_gen: SecretGenerator) -> NetStack:
+    """DPAC Alg. 1 lines 10–19 for every sampled partition k (``k``: M members): C_k, (re-)initialised, takes n_f
+    fake steps and then n_r real steps on partition k. Returns the M classifiers as a stack (row j: C_{k_j}).
 
     As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
     and reused by every fake step; each real step draws a fresh batch of partition k (from the secret
-    ``data_gen``; C's re-initialisation draws from the public ``init_gen``).
+    ``data_gen``; the re-initialisation draws from the public ``init_gen``). ``clf`` is the one-member template:
+    the M classifiers start from the same public draw and see the same public fakes, so with the sequential
+    order the fake steps run once, on the template, before it is copied to the M members (the same result as M
+    separate runs); only the real steps differ per partition. With ``reinit=false`` (paper accounting, one
+    uniform partition) the template itself is trained and kept, as the official code's single C.
     """
     if reset:
         clf.reset(init_fn, sn_init, init_gen)
     dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
     fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
+    n_fake, n_real, order = int(hp.classifier.n_fake), int(hp.classifier.n_real), hp.classifier.order
+    lam, drift = float(hp.gp_weight), float(hp.drift)
+    kept = not bool(hp.classifier.reinit)
+    if kept and k.shape[0] != 1:
+        raise DpgenError("dpac.classifier.reinit=false keeps one classifier: it needs dpac.sampling=uniform")
+    if kept:  # the official code's one C, trained on the one drawn partition and kept
+        def one_real() -> tuple[torch.Tensor, torch.Tensor]:
+            i = parts.sample(k, b, data_gen)[0]
+            return x_all[i], y_all[i]
+
+        train_classifier(clf, lambda: fixed, one_real, n_fake, n_real, order, lam, lr, betas, drift)
+        return clf
+    if order == "sequential":
+        train_classifier(clf, lambda: fixed, lambda: None, n_fake, 0, "sequential", lam, lr, betas, drift)
+        n_fake = 0
+    stack = clf.replicate(k.shape[0])
+    if k.shape[0] == 0:
+        return stack
 
     def real_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        i = parts.sample(k, b, data_gen)[0]
+        i = parts.sample(k, b, data_gen)
         return x_all[i], y_all[i]
 
-    train_classifier(clf, lambda: fixed, real_batch, int(hp.classifier.n_fake), int(hp.classifier.n_real),
-                     hp.classifier.order, float(hp.gp_weight), lr, betas, float(hp.drift))
+    def fake_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        m = k.shape[0]
+        return fixed[0].unsqueeze(0).expand(m, *fixed[0].shape), fixed[1].unsqueeze(0).expand(m, -1)
+
+    train_classifier(stack, fake_batch, real_batch, n_fake, n_real, order, lam, lr, betas, drift, stacked=True)
+    return stack
 
 
 class Dpac(GsWgan):
@@ -94,11 +125,13 @@ class Dpac(GsWgan):
 
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         check_hparams(self.hp, n, shape)
+        check_uniform_sampling(self.hp, self.ledger, "dpac")
         check_classifier_reuse(self.hp, self.ledger, "dpac", self.c_start)
 
     def plan_entries(self, z: float) -> list:
         """The C path is a second Gaussian from t_c on unless it is sanitised jointly with D's (Eq. 9)."""
-        return iteration_entries(z, self.K, self.B, self.T, None if self.joint else self.c_start)
+        return iteration_entries(z, self.K, self.B, self.T, None if self.joint else self.c_start,
+                                 per_iter=self.per_iter)
 
     def build_sanitizers(self, z_noise: float, basis: torch.Tensor | None) -> None:
         hp, base, joint = self.hp, self.base, self.joint
@@ -121,16 +154,19 @@ class Dpac(GsWgan):
         return paths
 
     def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
+        self.clfs = None
         if self.with_c(it):
             hp, base = self.hp, self.base
-            classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, self.ncls,
-                             bool(hp.classifier.reinit) or it == self.c_start, base.clf_init, float(hp.lr),
-                             tuple(hp.betas), base.init_gen, base.data_gen)
+            self.clfs = classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, self.ncls,
+                                         bool(hp.classifier.reinit) or it == self.c_start, base.clf_init,
+                                         float(hp.lr), tuple(hp.betas), base.init_gen, base.data_gen)
 
     def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
-        b = self.base
-        return generator_step(b.g_net, b.opt_g, b.disc, b.clf if self.with_c(it) else None, k, self.san_d,
-                              self.san_c, float(self.hp.beta), self.B, self.ncls, b.gen_gen)
+        b, clfs = self.base, self.clfs if self.with_c(it) else None
+        kept = clfs is b.clf  # reinit=false: the one kept classifier (member 0) for the one partition
+        c_idx = None if clfs is None or kept else torch.arange(k.shape[0], device=k.device)
+        return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san_d, self.san_c, float(self.hp.beta),
+                              self.B, self.ncls, b.gen_gen, scale=self.per_iter, clf_members=c_idx)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:

@@ -64,11 +64,12 @@ def ef_noise_std(clip: float, clip_error: float, noise_multiplier: float, error_
 class ErrorFeedbackSanitizer(Sanitizer):
     """dpac's :class:`Sanitizer` plus error states ``error`` [parts, classes, ...] and a post-sanitisation weight.
 
-    Call it as ``san(x, k, y)``: ``k`` the sampled partition (one-element tensor), ``y`` the rows' labels.
+    Call it as ``san(x, k, y)`` (a hook, one partition) or :meth:`sanitize_sum` (M sampled partitions ``k``):
+    ``y`` the rows' labels.
     ``weight`` multiplies the released (clipped + noised) gradient — post-processing, so the loss
     weights of Eq. 15 (λ_c, γ_recon) act on G's update instead of being undone by clipping.
-    ``last_clipped`` is clip(g, C1), ``last_error_clipped`` clip(e, C2), ``last_direction`` v,
-    ``last_release`` v + noise (before weight and ÷B).
+    ``last_clipped`` is clip(g, C1), ``last_error_clipped`` clip(e, C2), ``last_direction`` v (per row, M·B
+    rows), ``last_signal`` v summed per image, ``last_release`` that + noise (before weight and ÷(scale·B)).
     """
 
     def __init__(self, clip: float, noise_multiplier: float, clip_error: float, error_feedback: bool = True,
@@ -107,44 +108,65 @@ class ErrorFeedbackSanitizer(Sanitizer):
         return super().__call__(x)
 
     def update(self, g: torch.Tensor) -> torch.Tensor:
-        """v = clip(g, C1) + clip(e[k, y], C2); e[k, y] += mean residual. Returns v (no noise).
-        Without error feedback v = clip(g, C1). In at least fp32, the error states included (called with
-        autocast off by :meth:`sanitize`; the states are hidden DP state that clipping must bound exactly)."""
+        """v = clip(g, C1) + clip(e[k, y], C2) for the rows ``g`` [B, ...] of the one partition k and labels y that
+        :meth:`__call__` was given; e[k, y] += mean residual. Returns v (no noise). Without error feedback
+        v = clip(g, C1). :meth:`update_members` with M = 1."""
+        k, y = self.key if self.key is not None else (None, None)
+        return self.update_members(g.unsqueeze(0), k, y)[0]
+
+    def update_members(self, g: torch.Tensor, k: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor:
+        """v = clip(g, C1) + clip(e[k_j, y_i], C2) for every row (j, i) of ``g`` [M, B, ...] (member j, partition
+        k_j); e[k_j, y] += member j's mean residual over its class-y rows. Returns v (no noise). Without error
+        feedback v = clip(g, C1). In at least fp32, the error states included (called with autocast off by
+        :meth:`sanitize_sum`; the states are hidden DP state that clipping must bound exactly). ``last_clipped``,
+        ``last_error_clipped`` and ``last_direction`` keep the M·B rows, member j's after member j−1's."""
         g = at_least_fp32(g.detach())
-        self.last_norms = g.flatten(1).norm(dim=1)
-        clipped = clip_rows(g, self.clip)
-        self.last_clipped = clipped
+        m, b, shape = g.shape[0], g.shape[1], g.shape[2:]
+        flat = g.reshape(m * b, *shape)
+        self.last_norms = flat.flatten(1).norm(dim=1)
+        clipped = clip_rows(flat, self.clip).reshape(g.shape)
+        self.last_clipped = clipped.reshape(flat.shape)
         if not self.error_feedback:
-            self.last_direction = clipped
+            self.last_direction = self.last_clipped
             return clipped
-        k, y = self.key
+        k = torch.as_tensor(k, device=g.device).reshape(-1)
         if self.error is None:
-            self.error = torch.zeros((self.parts, self.classes, *g.shape[1:]), device=g.device, dtype=g.dtype)
-        e_k = self.error.index_select(0, k.reshape(1))[0]  # [classes, ...]
-        e_clipped = clip_rows(e_k[y], self.clip_error)
+            self.error = torch.zeros((self.parts, self.classes, *shape), device=g.device, dtype=g.dtype)
+        e_k = self.error.index_select(0, k)  # [M, classes, ...]
+        e_clipped = clip_rows(e_k[:, y].reshape(m * b, *shape), self.clip_error).reshape(g.shape)
         v = clipped + e_clipped
-        sums = torch.zeros_like(e_k).index_add_(0, y, g - v)
-        counts = torch.zeros(self.classes, device=g.device, dtype=g.dtype).index_add_(
-            0, y, torch.ones(len(y), device=g.device, dtype=g.dtype))
-        e_k = e_k + sums / counts.clamp_min(1.0).reshape(-1, *([1] * (g.dim() - 1)))
-        self.error.index_copy_(0, k.reshape(1), e_k.unsqueeze(0))
-        self.last_error_clipped, self.last_direction = e_clipped, v
+        slot = (torch.arange(m, device=g.device).unsqueeze(1) * self.classes + y.unsqueeze(0)).reshape(-1)
+        sums = torch.zeros((m * self.classes, *shape), device=g.device, dtype=g.dtype).index_add_(
+            0, slot, (g - v).reshape(m * b, *shape))
+        counts = torch.zeros(m * self.classes, device=g.device, dtype=g.dtype).index_add_(
+            0, slot, torch.ones(m * b, device=g.device, dtype=g.dtype))
+        e_k = e_k + (sums / counts.clamp_min(1.0).reshape(-1, *([1] * len(shape)))).reshape(e_k.shape)
+        self.error.index_copy_(0, k, e_k)
+        self.last_error_clipped, self.last_direction = e_clipped.reshape(flat.shape), v.reshape(flat.shape)
         return v
 
     def sanitize(self, g: torch.Tensor) -> torch.Tensor:
-        """The release v + noise, weighted and ÷B, computed in at least fp32 and returned in g's dtype (as
-        :meth:`Sanitizer.sanitize`)."""
-        dtype = g.dtype
+        """The hook of :meth:`__call__` (one partition, the paper's draw): :meth:`sanitize_sum` with M = 1."""
+        k, y = self.key if self.key is not None else (None, None)
+        return self.sanitize_sum(g.unsqueeze(0), k, y, 1.0)
+
+    def sanitize_sum(self, g: torch.Tensor, k: torch.Tensor | None, y: torch.Tensor | None,
+                     scale: float = 1.0) -> torch.Tensor:
+        """The release of an iteration that sampled partitions ``k`` [M]: v (:meth:`update`) summed over the M
+        members per generated image, plus ONE noise draw per image, weighted and ÷(``scale``·B); computed in at
+        least fp32 and returned in g's dtype (as :meth:`Sanitizer.sanitize_sum`). A record of partition k_j moves
+        only member j's rows, each by at most 2·(C1 + C2)."""
+        dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
         with full_precision():
-            g = at_least_fp32(g)
+            g = at_least_fp32(g).reshape(m * b, *shape)
             g = g if self.audit is None else self.audit.extend(g)  # the canaries' columns, before clip and feedback
-            v = self.update(g)
-            noise = gaussian_noise(g.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+            v = self.update_members(g.reshape(m, b, *g.shape[1:]), k, y).sum(0)
+            noise = gaussian_noise(v.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                    mechanism="error-feedback sanitizer noise")
-            self.last_release = (v + noise).detach()
+            self.last_signal, self.last_release = v.detach(), (v + noise).detach()
             self.calls += 1
             release = v + noise if self.audit is None else self.audit.release(v + noise)  # scored; image part to G
-            return (self.weight * release / g.shape[0]).to(dtype)
+            return (self.weight * release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
 
     def state_dict(self) -> dict:
         return {"error": self.error}

@@ -3,7 +3,8 @@
 Built on :mod:`dpgen.dpac` (generator, discriminator ensemble and pre-training, classifier,
 sanitiser, both accounting modes). One generator iteration (Alg. 2):
 
-1. draw partition k ~ U[1, K]; ``critic_iters`` WGAN-GP steps of D_k on batches of partition k;
+1. draw the partitions (Poisson at m/K, or one k ~ U[1, K] under paper accounting); ``critic_iters``
+   WGAN-GP steps of each sampled D_k on batches of partition k;
 2. (``recon``) ``encoder.steps`` steps of the partition's encoder E_k on D's last real batch
    (x, y) — "the same samples and labels as the discriminator" — minimising
    ‖G(u(x, y)) − x‖² + kl·½‖μ‖² with G fixed;
@@ -37,7 +38,8 @@ from dpgen.dpac.classifier import ORDERS
 from dpgen.dpac.method import check_classifier_reuse, classifier_phase
 from dpgen.ensemble import NetStack
 from dpgen.gswgan.nets import clf_forward, disc_forward, onehot
-from dpgen.gswgan.train import PRETRAIN_NOTE, GsWgan, check_ensemble_hparams
+from dpgen.gswgan.train import (PRETRAIN_NOTE, GsWgan, check_ensemble_hparams, check_uniform_sampling, member_rows,
+                                partition_sampling)
 from dpgen.gswgan.train import plan_noise as gswgan_plan_noise
 from dpgen.nets.spectral import power_iteration, sn_init
 from dpgen.efsgd.accounting import ENTRY, iteration_entries, paper_epsilon_fn, paths_at
@@ -111,7 +113,11 @@ def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: st
         raise DpgenError("efsgd.encoder.steps must be >= 0 and efsgd.encoder.code_clip > 0")
     if recon_on(hp) and hp.encoder.code == "raw" and accounting == "sound":
         raise DpgenError("efsgd.encoder.code=raw leaks the encoder input through G's Jacobian; "
-                         "use privacy.accounting=paper or efsgd.encoder.code=private")
+                         "use privacy.accounting=paper or efsgd.encoder.code=prior")
+    if recon_on(hp) and hp.encoder.code != "prior" and partition_sampling(hp)[0] == "poisson":
+        raise DpgenError(f"efsgd.encoder.code={hp.encoder.code} runs G at each sampled partition's own codes, whose "
+                         "number Poisson sampling must keep secret; use efsgd.encoder.code=prior or "
+                         "efsgd.sampling=uniform (privacy.accounting=paper)")
     if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
         raise DpgenError(f"efsgd generates images up to 32x32; this dataset has shape {shape}")
 
@@ -130,9 +136,9 @@ def recon_on(hp: DictConfig) -> bool:
 def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None, recon: bool,
                private_code: bool) -> float:
     """dpac's noise plan with efsgd's per-iteration entries (the encoder paths and code release count too)."""
-    b, t = int(hp.batch_size), int(hp.iters)
+    b, t, m = int(hp.batch_size), int(hp.iters), partition_sampling(hp)[1]
     return gswgan_plan_noise(hp, ledger, k, c_start,
-                           lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code))
+                             lambda z: iteration_entries(z, k, b, t, c_start, recon, private_code, per_iter=m))
 
 
 def encoder_input(mu: torch.Tensor, y: torch.Tensor, ncls: int, private: bool, code_clip: float, code_std: float,
@@ -164,66 +170,75 @@ def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Ten
     return loss.detach()
 
 
-def joint_c_path(loss: torch.Tensor, pc, uc, xs: torch.Tensor, y: torch.Tensor, weight: float) -> torch.Tensor:
-    """``efsgd.sanitize=joint``: C's term −λ_c·C(x̃, y) on the SAME sanitised view x̃ as D's, so one hook releases the
-    gradient of the weighted sum (one path, one error state)."""
-    return loss - weight * clf_forward(pc, uc, xs, y).sum()
-
-
 def prior_recon_batch(g_net: NoiseInjectionGenerator, xr: torch.Tensor, yr: torch.Tensor, ncls: int,
                       g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``encoder.code=prior`` (Eq. 14 as written, L_En = E_{z~P_z}‖G(z) − x‖²): G's input on the reconstruction path
     is a code from G's own prior with a label, both drawn from the PUBLIC stream ``g``, so G's Jacobian there
-    releases nothing and no code path is needed. Row i's target is a record of D's last real batch (partition k)
-    with that label, if any (mask 0 otherwise): only the gradient depends on the data, and the sanitiser bounds it.
-    Returns (u, targets, labels, mask); the labels (public) key the error states."""
-    b, dev = len(xr), xr.device
+    releases nothing and no code path is needed. For every sampled partition j (``xr``, ``yr`` [M, b, ...]: D_j's
+    last real batch), row i's target is a record of partition j's batch with row i's label, if any (mask 0
+    otherwise): only the gradient depends on the data, and the sanitiser bounds it per partition and row.
+    Returns (u [B], targets [M, B, ...], labels [B], mask [M, B]); the labels (public) key the error states."""
+    b, dev = xr.shape[1], xr.device
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
     u = g_net.input_code(g_net.sample_z(b, g, dev), y)
-    match = yr.unsqueeze(0) == y.unsqueeze(1)  # [generated row, real record]
-    j = match.to(torch.int8).argmax(1)  # the first real record of the row's class (0 when none: masked)
-    return u, xr[j], y, match.any(1).to(xr.dtype)
+    match = yr.unsqueeze(1) == y.view(1, -1, 1)  # [member, generated row, real record]
+    j = match.to(torch.int8).argmax(2)  # the first real record of the row's class (0 when none: masked)
+    targets = torch.gather(xr, 1, j.view(*j.shape, *([1] * (xr.dim() - 2))).expand(-1, -1, *xr.shape[2:]))
+    return u, targets, y, match.any(2).to(xr.dtype)
 
 
 def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
                    clf: NetStack | None, k: torch.Tensor, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
-                   g: torch.Generator, recon: tuple[torch.Tensor, ...] | None = None, joint: bool = False
-                   ) -> torch.Tensor:
-    """Eq. 15 through the sanitisers. ``recon`` = (u, x, y[, mask]): the (released or public) encoder input, the
-    real batch and its labels (which key the reconstruction path's error states), and with ``encoder.code=prior``
-    a 0/1 row mask (rows without a real record of their class carry no gradient). ``k``: the sampled partition.
+                   g: torch.Generator, recon: tuple[torch.Tensor, ...] | None = None, joint: bool = False,
+                   scale: float = 1.0, clf_members: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 15 through the sanitisers, for every sampled partition (``k``: M members of ``disc``; the classifier of
+    member j is row ``clf_members[j]`` of ``clf``, default row 0). ``recon`` = (u, targets [M, B, ...], y[, mask
+    [M, B]]): G's input on the reconstruction path (released or public), each member's real targets, their
+    labels (which key the reconstruction path's error states), and with ``encoder.code=prior`` a 0/1 mask (rows
+    without a real record of their class carry no gradient).
 
-    Per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x̂_i; λ_c and γ_recon are the
-    sanitisers' ``weight`` (applied after clipping and noise). ``joint`` (``efsgd.sanitize=joint``): D and C read
-    ONE sanitised view of the images, whose hook sees the per-sample gradient of the weighted sum
-    −D − λ_c·C (Eq. 15's first two terms, as DPAC's Eq. 9) and releases it once, with one error state. D_k and
-    C are detached.
+    Each sanitiser gets every member's per-sample gradient w.r.t. G's output (:func:`member_rows` for −D and
+    −λ_c·C; 2·(G(u) − x) for the reconstruction), clips each, adds the error feedback of the member's partition,
+    sums over the members, adds noise and divides by ``scale`` (the expected M) and B
+    (:meth:`ErrorFeedbackSanitizer.sanitize_sum`). λ_c and γ_recon are the sanitisers' ``weight`` (applied after
+    clipping and noise), except that ``joint`` (``efsgd.sanitize=joint``) releases the per-sample gradient of
+    −D − λ_c·C through the D sanitiser once (Eq. 15's first two terms, as DPAC's Eq. 9), with one error state.
     """
     dev = next(g_net.parameters()).device
+    members = torch.as_tensor(k, device=dev).reshape(-1)
+    m = members.shape[0]
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
     u_in = g_net.input_code(g_net.sample_z(b, g, dev), y)
     if recon is not None:  # one forward (one spectral-norm power iteration) for both batches
         u_in = torch.cat([u_in, recon[0].to(u_in.dtype)])
     out = g_net.forward_input(u_in, g)
     x = out[:b]
-    p, u = disc.member(k)
-    xs = san["d"](x, k, y)
-    loss = -disc_forward(p, u, xs, y).sum()
+    d_term = (disc, disc_forward, members, 1.0)
+    c_term = None
     if clf is not None:
-        pc, uc = clf.member(0)
-        if joint:  # λ_c weights C's gradient BEFORE the one sanitiser clips the sum (it is the loss's weight)
-            loss = joint_c_path(loss, pc, uc, xs, y, san["c"].weight)
-        else:
-            loss = loss - clf_forward(pc, uc, san["c"](x, k, y), y).sum()
+        c_idx = torch.zeros_like(members) if clf_members is None else clf_members
+        c_term = (clf, clf_forward, c_idx, san["c"].weight if joint else 1.0)
+    if c_term is not None and joint:  # λ_c weights C's gradient BEFORE the one sanitiser clips the sum
+        rows, loss = member_rows(x, y, [d_term, c_term])
+        release = san["d"].sanitize_sum(rows, members, y, scale)
+    else:
+        rows, loss = member_rows(x, y, [d_term])
+        release = san["d"].sanitize_sum(rows, members, y, scale)
+        if c_term is not None:
+            rows_c, loss_c = member_rows(x, y, [c_term])
+            release, loss = release + san["c"].sanitize_sum(rows_c, members, y, scale), loss + loss_c
+    grads = [release]
     if recon is not None:
-        diff = san["e"](out[b:], k, recon[2]) - recon[1]
+        xg = out[b:].detach()
+        diff = xg.unsqueeze(0) - recon[1][:m]  # [M, B, ...]: G(u) − x for every member's targets
         if len(recon) > 3:  # encoder.code=prior: the row mask
-            diff = diff * recon[3].view(-1, *([1] * (diff.dim() - 1)))
+            diff = diff * recon[3][:m].view(*recon[3][:m].shape, *([1] * (diff.dim() - 2)))
+        grads.append(san["e"].sanitize_sum(2.0 * diff, members, recon[2], scale))
         loss = loss + diff.pow(2).sum()
     opt_g.zero_grad(set_to_none=True)
-    loss.backward()
+    out.backward(torch.cat(grads).to(out.dtype))
     opt_g.step()
-    return loss.detach() / b
+    return loss / (b * float(scale))
 
 
 class Efsgd(GsWgan):
@@ -246,6 +261,7 @@ class Efsgd(GsWgan):
 
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         check_hparams(self.hp, n, shape, self.ledger.accounting)
+        check_uniform_sampling(self.hp, self.ledger, "efsgd")
         check_classifier_reuse(self.hp, self.ledger, "efsgd", self.c_start)
 
     def make_generator(self) -> NoiseInjectionGenerator:
@@ -253,8 +269,10 @@ class Efsgd(GsWgan):
         return NoiseInjectionGenerator(self.ncls, self.shape, int(hp.z_dim), int(hp.g_width), bool(hp.noise_injection),
                                        float(hp.sigma_noise))
 
-    def fake(self, m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        g_net, dev, gen = self.base.g_net, self.run.device, self.base.gen_gen
+    def fake(self, m: int, y: torch.Tensor | None = None,
+             g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        g_net, dev = self.base.g_net, self.run.device
+        gen = self.base.gen_gen if g is None else g
         if y is None:
             y = torch.randint(0, self.ncls, (m,), generator=gen, device=dev)
         with torch.no_grad():
@@ -268,7 +286,8 @@ class Efsgd(GsWgan):
         self.loss_e = torch.full((), float("nan"), device=self.run.device)
 
     def plan_entries(self, z: float) -> list:
-        return iteration_entries(z, self.K, self.B, self.T, self.c_path_start, self.recon, self.private_code)
+        return iteration_entries(z, self.K, self.B, self.T, self.c_path_start, self.recon, self.private_code,
+                                 per_iter=self.per_iter)
 
     @property
     def c_path_start(self) -> int | None:
@@ -281,7 +300,7 @@ class Efsgd(GsWgan):
         self.zp_ef = ef_noise_std(c1, c2, z_noise, ef, self.rule) / row_sensitivity(c1, c2, ef) / math.sqrt(self.B)
         zp, zp_ef = self.zp, self.zp_ef
         if ledger.accounting == "paper":
-            ledger.paper_epsilon = paper_epsilon_fn(self.B, zp / zp_ef if zp_ef > 0 else 1.0)
+            ledger.paper_epsilon = paper_epsilon_fn(self.B, zp / zp_ef if zp_ef > 0 else 1.0, self.per_iter)
         notes = [PRETRAIN_NOTE, EFSGD_NOTE]
         if ef:
             notes.append(EF_NOTE if ledger.accounting == "sound" else EF_PAPER_NOTE)
@@ -338,10 +357,11 @@ class Efsgd(GsWgan):
     def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
         hp, base, ncls = self.hp, self.base, self.ncls
         lr, betas = float(hp.lr), tuple(hp.betas)
-        self.recon_batch = None
+        self.recon_batch, self.clfs = None, None
         if self.recon and self.prior_code:  # Eq. 14 as written: a public code from G's prior
-            self.recon_batch = prior_recon_batch(base.g_net, xr[0], yr[0], ncls, base.gen_gen)
+            self.recon_batch = prior_recon_batch(base.g_net, xr, yr, ncls, base.gen_gen)
         elif self.recon:  # E_k on D's last real batch (same samples and labels), then the released code
+            # one partition per iteration here (check_hparams: a private or raw code needs sampling=uniform)
             enc, private_code, code_clip, code_std = self.enc, self.private_code, self.code_clip, self.code_std
             x_rec, y_rec = xr[0], yr[0]
             for _ in range(int(hp.encoder.steps)):
@@ -351,19 +371,20 @@ class Efsgd(GsWgan):
                 pe, ue = enc.member(k)
                 code = encoder_input(enc_forward(pe, ue, x_rec), y_rec, ncls, private_code, code_clip, code_std,
                                      base.noise_gen)
-            self.recon_batch = (code, x_rec, y_rec)
+            self.recon_batch = (code, x_rec.unsqueeze(0), y_rec)
         if self.with_c(it):
-            classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, ncls,
-                             bool(hp.classifier.reinit) or it == self.c_start, base.clf_init, lr, betas,
-                             base.init_gen, base.data_gen)
+            self.clfs = classifier_phase(base.clf, base.parts, k, self.x_all, self.y_all, self.fake, hp, ncls,
+                                         bool(hp.classifier.reinit) or it == self.c_start, base.clf_init, lr, betas,
+                                         base.init_gen, base.data_gen)
 
     def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
-        b = self.base
-        return generator_step(b.g_net, b.opt_g, b.disc, b.clf if self.with_c(it) else None, k, self.san, self.B,
-                              self.ncls, b.gen_gen, self.recon_batch, self.joint)
+        b, clfs = self.base, self.clfs if self.with_c(it) else None
+        c_idx = None if clfs is None or clfs is b.clf else torch.arange(k.shape[0], device=k.device)
+        return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san, self.B, self.ncls, b.gen_gen,
+                              self.recon_batch, self.joint, scale=self.per_iter, clf_members=c_idx)
 
     def scalars(self) -> dict:
-        return {"loss_e": self.loss_e} if self.recon else {}
+        return {"loss_e": self.loss_e} if self.recon and not self.prior_code else {}
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> NoiseInjectionGenerator:

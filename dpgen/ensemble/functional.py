@@ -56,6 +56,16 @@ class NetStack(MemberStack):
         fresh = NetStack(init, sn, len(self), g, self.device)
         self.__dict__.update(fresh.__dict__)
 
+    def replicate(self, m: int) -> "NetStack":
+        """A new stack of ``m`` copies of member 0: parameters, spectral-norm vectors and Adam state (DPAC's
+        per-partition classifiers, which start from one trained template)."""
+        rows = {name: {n: t[:1].expand(m, *t.shape[1:]).clone() for n, t in getattr(self, name).items()}
+                for name in ("params", "buffers", "m", "v")}
+        out = NetStack.__new__(NetStack)
+        MemberStack.__init__(out, rows["params"], rows["buffers"])
+        out.m, out.v, out.t = rows["m"], rows["v"], self.t[:1].expand(m).clone()
+        return out
+
 
 def _member_grads(loss: Forward, dtype: torch.dtype, p: Params, u: Params,
                   *inputs: torch.Tensor) -> tuple[Params, torch.Tensor]:

@@ -48,112 +48,132 @@ def _flat_grad(x: torch.Tensor, params: list[torch.Tensor], v: torch.Tensor) -> 
     return torch.cat([t.flatten() for t in torch.autograd.grad(x, params, grad_outputs=v, retain_graph=True)])
 
 
+def _members(k) -> torch.Tensor:
+    return torch.as_tensor(k).reshape(-1)
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, terms: list) -> torch.Tensor:
+    """[M, B, ...] per-member image gradients (:func:`dpgen.gswgan.train.member_rows`)."""
+    return _train.member_rows(x, y, terms)[0]
+
+
+def _signal_noise(rows: torch.Tensor, clip: float, std: float, gen: torch.Generator,
+                  basis: torch.Tensor | None = None, error: torch.Tensor | None = None,
+                  clip_error: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a sanitiser releases for ``rows`` [M, B, d...] (flattened to coefficients by ``basis``): the M clipped
+    rows of each image (plus clip(e, C2) with error feedback, ``error`` [M, B, ...]) summed, and one noise draw
+    per image of std ``std``, both [B, d] and mapped back to pixels."""
+    m, b = rows.shape[:2]
+    flat = rows.reshape(m * b, *rows.shape[2:]).flatten(1)
+    if basis is not None:
+        flat = flat @ basis
+    v = clip_rows(flat, clip)
+    if error is not None:
+        v = v + clip_rows(error.reshape(m * b, *error.shape[2:]).flatten(1), clip_error)
+    v = v.reshape(m, b, v.shape[1]).sum(0)
+    noise = torch.randn(v.shape, generator=gen, device=v.device) * std
+    if basis is not None:
+        v, noise = v @ basis.T, noise @ basis.T
+    return v, noise
+
+
 def probe_step(g_net, disc, clf, k, clip: float, z: float, beta: float, b: int, ncls: int,
-               bases: dict[int, torch.Tensor], gen: torch.Generator) -> dict[str, float]:
-    """The statistics of one generator iteration (module docstring), G's loss as :func:`generator_step`'s."""
+               bases: dict[int, torch.Tensor], gen: torch.Generator, clf_members=None) -> dict[str, float]:
+    """The statistics of one generator iteration (module docstring), G's loss as :func:`generator_step`'s, for the
+    sampled partitions ``k`` (M of them; their clipped rows are summed before the noise)."""
     dev = next(g_net.parameters()).device
+    members = _members(k).to(dev)
     y = torch.randint(0, ncls, (b,), generator=gen, device=dev)
     g_net.eval()  # no spectral-norm power iteration: the probe leaves G's state as training left it
     try:
         x = g_net(g_net.sample_z(b, gen, dev), y)
     finally:
         g_net.train()
-    xd = x.detach().requires_grad_(True)
-    p, u = disc.member(k)
-    loss = -beta * _train.disc_forward(p, u, xd, y).sum()
+    terms = [(disc, _train.disc_forward, members, beta)]
     if clf is not None:
-        pc, uc = clf.member(0)
-        loss = loss - (1.0 - beta) * _train.clf_forward(pc, uc, xd, y).sum()
-    g = torch.autograd.grad(loss, xd)[0].flatten(1)
+        c_idx = torch.zeros_like(members) if clf_members is None else clf_members
+        terms.append((clf, _train.clf_forward, c_idx, 1.0 - beta))
+    g = _rows(x, y, terms)
     params = [q for q in g_net.parameters() if q.requires_grad]
     std = 2.0 * clip * z
 
     def snr(basis: torch.Tensor | None) -> float:
-        rows = g if basis is None else g @ basis
-        noise = torch.randn(rows.shape, generator=gen, device=dev) * std
-        clipped = clip_rows(rows, clip)
-        if basis is not None:
-            clipped, noise = clipped @ basis.T, noise @ basis.T
-        s = _flat_grad(x, params, clipped.view_as(x))
+        v, noise = _signal_noise(g, clip, std, gen, basis)
+        s = _flat_grad(x, params, v.view_as(x))
         n = _flat_grad(x, params, noise.view_as(x))
         return (s.norm() / n.norm()).item() if std > 0 else float("inf")
 
-    out = {"gnorm": g.norm(dim=1).median().item(), "snr": snr(None)}
+    flat = g.reshape(-1, g[0, 0].numel()) if g.numel() else torch.zeros(1, x[0].numel(), device=dev)
+    out = {"gnorm": flat.norm(dim=1).median().item(), "snr": snr(None), "members": float(len(members))}
     for n_basis, basis in bases.items():
         out[f"snr_L{n_basis}"] = snr(basis)
-        out[f"kept_L{n_basis}"] = ((g @ basis).norm(dim=1) / g.norm(dim=1)).median().item()
+        out[f"kept_L{n_basis}"] = ((flat @ basis).norm(dim=1) / flat.norm(dim=1).clamp_min(1e-12)).median().item()
     return out
 
 
 def _path_stats(x: torch.Tensor, g: torch.Tensor, params: list[torch.Tensor], san, weight: float,
                 error: torch.Tensor | None, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Path p's (signal, noise) in G's parameter space and its median pre-clip row norm: Jᵀ·w·v and Jᵀ·w·n with
-    v = clip(g_i, C) (+ clip(e, C2) with error feedback), n ~ N(0, std² I), as ``san`` would release them."""
-    rows = g.flatten(1)
-    basis = getattr(san, "basis", None)
-    if basis is not None:
-        rows = rows @ basis
-    v = clip_rows(rows, san.clip)
-    if error is not None:
-        v = v + clip_rows(error.flatten(1), san.clip_error)
-    noise = torch.randn(v.shape, generator=gen, device=v.device) * san.noise_std
-    if basis is not None:
-        v, noise = v @ basis.T, noise @ basis.T
+    """Path p's (signal, noise) in G's parameter space and its median pre-clip row norm: Jᵀ·w·Σ_j v_j and Jᵀ·w·n
+    with v_j = clip(g_j, C) (+ clip(e, C2) with error feedback) for each sampled member j, n ~ N(0, std² I), as
+    ``san`` would release them (``g`` [M, B, ...])."""
+    v, noise = _signal_noise(g, san.clip, san.noise_std, gen, getattr(san, "basis", None), error,
+                             getattr(san, "clip_error", 0.0))
     s = _flat_grad(x, params, (weight * v).view_as(x))
     n = _flat_grad(x, params, (weight * noise).view_as(x))
-    return s, n, g.flatten(1).norm(dim=1).median().item()
-
-
-def _image_grad(loss_fn, x: torch.Tensor) -> torch.Tensor:
-    xd = x.detach().requires_grad_(True)
-    return torch.autograd.grad(loss_fn(xd), xd)[0]
+    gnorm = g.reshape(g.shape[0] * g.shape[1], -1).norm(dim=1).median().item() if g.numel() else 0.0
+    return s, n, gnorm
 
 
 def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
     """Signal/noise per release path of ``ext`` (a :class:`~dpgen.gswgan.train.GsWgan`, DPAC's or EFSGD's) at
-    iteration ``it``, sampled partition ``k``, before G's step (module docstring)."""
+    iteration ``it``, sampled partitions ``k``, before G's step (module docstring)."""
     base, hp, ncls, b = ext.base, ext.hp, ext.ncls, ext.B
     g_net, dev = base.g_net, next(base.g_net.parameters()).device
+    members = _members(k).to(dev)
     params = [q for q in g_net.parameters() if q.requires_grad]
     y = torch.randint(0, ncls, (b,), generator=gen, device=dev)
     g_net.eval()  # no spectral-norm power iteration: the probe leaves G's state as training left it
     try:
-        x = g_net(g_net.sample_z(b, gen, dev), y, gen)
+        x = g_net(g_net.sample_z(b, gen, dev), y, gen) if hasattr(ext, "san") else g_net(g_net.sample_z(b, gen, dev), y)
     finally:
         g_net.train()
-    p, u = base.disc.member(k)
-    pc, uc = base.clf.member(0)
-    d = lambda xx: _train.disc_forward(p, u, xx, y).sum()  # noqa: E731
-    c = lambda xx: _train.clf_forward(pc, uc, xx, y).sum()  # noqa: E731
     with_c = ext.c_start is not None and it >= ext.c_start
+    clfs = getattr(ext, "clfs", None) if with_c else None
+    c_idx = None
+    if clfs is not None:
+        c_idx = torch.zeros_like(members) if clfs is base.clf else torch.arange(len(members), device=dev)
+    d_term = lambda w: (base.disc, _train.disc_forward, members, w)  # noqa: E731
+    c_term = lambda w: (clfs, _train.clf_forward, c_idx, w)  # noqa: E731
     paths: list[tuple[str, torch.Tensor, torch.Tensor, object, float, torch.Tensor | None]] = []
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"members": float(len(members))}
     if hasattr(ext, "san"):  # EFSGD: one error-feedback sanitiser per path, weights after the noise
         def err(san, rows_y):
             if san.error is None or not san.error_feedback:
                 return None
-            return san.error.index_select(0, k.reshape(1))[0][rows_y]
+            return san.error.index_select(0, members)[:, rows_y]
 
-        if with_c and ext.joint:  # one sanitiser on the gradient of -D - λ_c·C
+        if clfs is not None and ext.joint:  # one sanitiser on the gradient of -D - λ_c·C
             lam = ext.san["c"].weight
-            paths.append(("dc", x, _image_grad(lambda xx: -d(xx) - lam * c(xx), x), ext.san["d"], 1.0,
-                          err(ext.san["d"], y)))
+            paths.append(("dc", x, _rows(x, y, [d_term(1.0), c_term(lam)]), ext.san["d"], 1.0, err(ext.san["d"], y)))
         else:
-            paths.append(("d", x, _image_grad(lambda xx: -d(xx), x), ext.san["d"], 1.0, err(ext.san["d"], y)))
-        if with_c and not ext.joint:
-            paths.append(("c", x, _image_grad(lambda xx: -c(xx), x), ext.san["c"], ext.san["c"].weight,
+            paths.append(("d", x, _rows(x, y, [d_term(1.0)]), ext.san["d"], 1.0, err(ext.san["d"], y)))
+        if clfs is not None and not ext.joint:
+            paths.append(("c", x, _rows(x, y, [c_term(1.0)]), ext.san["c"], ext.san["c"].weight,
                           err(ext.san["c"], y)))
         rb = getattr(ext, "recon_batch", None)
         if rb is not None:
-            code, x_rec, y_rec = rb[:3]
-            mask = rb[3].view(-1, *([1] * (x_rec.dim() - 1))) if len(rb) > 3 else 1.0  # code=prior
+            code, targets, y_rec = rb[:3]
             g_net.eval()
             try:
                 xe = g_net.forward_input(code, gen)
             finally:
                 g_net.train()
-            paths.append(("e", xe, _image_grad(lambda xx: ((xx - x_rec) * mask).pow(2).sum(), xe), ext.san["e"],
-                          ext.san["e"].weight, err(ext.san["e"], y_rec)))
+            m = len(members)
+            rows = 2.0 * (xe.detach().unsqueeze(0) - targets[:m])
+            if len(rb) > 3:  # code=prior: the row mask
+                rows = rows * rb[3][:m].view(*rb[3][:m].shape, *([1] * (rows.dim() - 2)))
+            paths.append(("e", xe, rows, ext.san["e"], ext.san["e"].weight,
+                          err(ext.san["e"], y_rec)))
             if ext.private_code:
                 raw = code  # the released code; its clipped part is what the noise hides
                 noise_norm = ext.code_std * math.sqrt(raw.shape[1])
@@ -161,13 +181,12 @@ def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str
                                    if noise_norm > 0 else float("inf"))
     else:
         beta = float(hp.beta)
-        if with_c and getattr(ext, "joint", True):
-            paths.append(("DC", x, _image_grad(lambda xx: -beta * d(xx) - (1.0 - beta) * c(xx), x), ext.san_d, 1.0,
-                          None))
+        if clfs is not None and getattr(ext, "joint", True):
+            paths.append(("DC", x, _rows(x, y, [d_term(beta), c_term(1.0 - beta)]), ext.san_d, 1.0, None))
         else:
-            paths.append(("D", x, _image_grad(lambda xx: -beta * d(xx), x), ext.san_d, 1.0, None))
-            if with_c:
-                paths.append(("C", x, _image_grad(lambda xx: -(1.0 - beta) * c(xx), x), ext.san_c, 1.0, None))
+            paths.append(("D", x, _rows(x, y, [d_term(beta)]), ext.san_d, 1.0, None))
+            if clfs is not None:
+                paths.append(("C", x, _rows(x, y, [c_term(1.0 - beta)]), ext.san_c, 1.0, None))
     s_all, n_all = 0, 0
     for name, xp, g, san, weight, error in paths:
         s, n, gnorm = _path_stats(xp, g, params, san, weight, error, gen)
@@ -218,9 +237,12 @@ def measure(method: str, eps: float | str, steps: int, data_root: str, overrides
         row = {}
         if not hasattr(self, "san"):  # GS-WGAN / DPAC: the D-path statistics with the DCT bases
             with_c = self.c_start is not None and it >= self.c_start
-            row.update(probe_step(self.base.g_net, self.base.disc, self.base.clf if with_c else None, k,
-                                  self.san_d.clip, self.san_d.noise_multiplier, float(self.hp.beta), self.B,
-                                  self.ncls, basis_of, gen))
+            clfs = getattr(self, "clfs", None) if with_c else None
+            c_idx = (None if clfs is None or clfs is self.base.clf
+                     else torch.arange(len(k), device=k.device))
+            row.update(probe_step(self.base.g_net, self.base.disc, clfs, k, self.san_d.clip,
+                                  self.san_d.noise_multiplier, float(self.hp.beta), self.B, self.ncls, basis_of,
+                                  gen, clf_members=c_idx))
         row.update(probe_paths(self, it, k, gen))
         rows.append(row)
         return original(self, it, k)

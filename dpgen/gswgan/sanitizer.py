@@ -30,10 +30,10 @@ from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_se
 class Sanitizer:
     """Backward hook that clips and noises per-sample gradients w.r.t. the generated images.
 
-    ``noise_multiplier`` z is per sample: noise std ``2·clip·z`` per coordinate. ``last_norms``
-    (pre-clip norms), ``last_clipped`` and ``last_release`` (what leaves the hook, before ÷B; the L
-    coefficients per row when a ``basis`` is given) are kept for tests and logging. The noise comes from the
-    secret ``generator``.
+    ``noise_multiplier`` z is per sample: noise std ``2·clip·z`` per coordinate. ``last_norms`` (pre-clip norms)
+    and ``last_clipped`` (the clipped rows, M·B of them), ``last_signal`` (their sum per image) and
+    ``last_release`` (signal + noise, what leaves, before ÷(scale·B); the L coefficients per row when a ``basis``
+    is given) are kept for tests and logging. The noise comes from the secret ``generator``.
     """
 
     audit = None  # an audit run's canaries (dpgen.audit.hooks.SanitizerCanaries); None computes exactly as before
@@ -58,23 +58,33 @@ class Sanitizer:
         """Eq. (5) on every row of ``g`` [B, ...]: clip each row to ``clip``, add Gaussian noise; then ÷B.
         With a ``basis``, on each row's coefficients Uᵀg_i, mapped back by U after the noise.
         In at least fp32; the result in g's dtype (see the module docstring)."""
-        dtype, shape = g.dtype, g.shape
+        return self.sanitize_sum(g.unsqueeze(0), 1.0)
+
+    def sanitize_sum(self, g: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """The release of an iteration that sampled M partitions: ``g`` [M, B, ...] holds member j's gradient
+        w.r.t. generated image i in row (j, i). Each row is clipped to ``clip``, the M clipped rows of image i are
+        summed, and ONE Gaussian N(0, (2·clip·z)² I) per image is added; the result is divided by ``scale`` (the
+        expected M, public) and B. A record of partition k moves only member k's B rows, each by at most 2·clip,
+        so the B released rows move by at most 2·clip·√B, whatever M is (M = 0 releases the noise alone).
+        M = 1 and ``scale`` 1 is the paper's Eq. (5)."""
+        dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
         with full_precision():
-            g = at_least_fp32(g)
+            g = at_least_fp32(g).reshape(m * b, *shape)
             rows = g if self.basis is None else g.flatten(1) @ self.basis
             rows = rows if self.audit is None else self.audit.extend(rows)  # the canaries' columns, before the clip
             self.last_norms = rows.detach().flatten(1).norm(dim=1)
             clipped = clip_rows(rows, self.clip)
-            noise = gaussian_noise(rows.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
+            signal = clipped.reshape(m, b, *rows.shape[1:]).sum(0)
+            noise = gaussian_noise(signal.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                    mechanism="sanitizer noise")
-            release = clipped + noise
-            self.last_clipped = clipped.detach()
+            release = signal + noise
+            self.last_clipped, self.last_signal = clipped.detach(), signal.detach()
             self.last_release = release.detach()
             self.calls += 1
             release = release if self.audit is None else self.audit.release(release)  # scored; image part to G
             if self.basis is not None:
-                release = (release @ self.basis.T).view(shape)
-            return (release / shape[0]).to(dtype)
+                release = release @ self.basis.T
+            return (release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Identity in the forward pass; the backward pass of the returned tensor is sanitised."""

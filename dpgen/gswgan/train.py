@@ -6,8 +6,13 @@ The discriminators (and DPAC's classifier C) are trained WITHOUT DP — first pr
 own partitions, then updated whenever they are sampled — and are never released: they are the
 "teachers". What leaves them is only ∇_{G(z)} L_G, which the :class:`Sanitizer` clips per sample
 and noises before it reaches G (paper eq. 9). The DP guarantee therefore covers exactly the
-sequence of sanitised gradients (and G, its post-processing): each generator iteration is one
-event at rate 1/K (the sampled partition), recorded in the ledger (see :mod:`dpgen.gswgan.accounting`).
+sequence of sanitised gradients (and G, its post-processing). Each generator iteration samples partitions:
+with ``dpac.sampling=poisson`` (the default) every partition joins independently at rate q = m/K
+(``partitions_per_iter`` = m), the sampled discriminators train, and their clipped gradients are summed per
+generated image before one noise draw; with ``sampling=uniform`` exactly one partition is drawn (the paper,
+Alg. 1 line 2). Each iteration is one event at rate q in the ledger (see :mod:`dpgen.gswgan.accounting`); the
+uniform draw has no valid amplification argument once the unsampled discriminators' states depend on earlier
+draws, so it runs only under ``privacy.accounting=paper`` (docs/privacy.md, "Sampling partitions").
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.errors import DpgenError
 from dpgen.privacy import PrivacyLedger, calibrate_noise_multiplier
 from dpgen.privacy.randomness import SecretGenerator, derive_seed, require_secret
-from dpgen.privacy.sampling import uniform_member
+from dpgen.privacy.sampling import poisson_batch, uniform_member
 
 log = logging.getLogger("dpgen")
 
@@ -49,11 +54,18 @@ PRETRAIN_NOTE = (
     "generator, so the accounting covers exactly those releases (GS-WGAN, Chen et al. 2020, Sec. 3)."
 )
 SOUND_NOTE = (
-    "sound: each generator iteration is one event sampled at rate 1/K (the uniformly drawn partition) "
-    "releasing B per-sample gradients per path (one path with dpac.sanitize=joint, Eq. 9: the gradient of "
-    "beta*D + (1-beta)*C; per_path: D, and C once active), each clipped to C with noise std "
-    "2*C*z; joint L2 sensitivity 2C*sqrt(P*B), so noise multiplier z/sqrt(B) per path (sigma_eff z/sqrt(P*B)). "
-    "The partition draw is modelled as Poisson subsampling at 1/K (add/remove-one)."
+    "sound: in each generator iteration every partition joins independently with probability q = m/K "
+    "(Poisson sampling, m = partitions_per_iter); the sampled discriminators (and classifiers) train on their "
+    "own partitions only, and per path (one with dpac.sanitize=joint, Eq. 9: the gradient of "
+    "beta*D + (1-beta)*C; per_path: D, and C once active) each generated image's gradients from the sampled "
+    "partitions are clipped to C, summed, and noised once with std 2*C*z. A record's partition adds at most one "
+    "clipped row per image and path: joint L2 sensitivity 2C*sqrt(P*B), noise multiplier z/sqrt(B) per path "
+    "(sigma_eff z/sqrt(P*B)), one Poisson-sampled event at rate q per iteration (add/remove-one)."
+)
+UNIFORM_NOTE = (
+    "sampling=uniform (the paper's draw of exactly one partition per iteration): the discriminators that were not "
+    "drawn keep states that depend on which partitions earlier iterations drew, so the step-wise subsampling "
+    "argument does not apply; allowed only under privacy.accounting=paper (or eps=inf)."
 )
 PAPER_NOTE = (
     "paper: GS-WGAN's privacy_analysis.py (autodp) composes B*T subsampled Gaussians with multiplier z, "
@@ -75,6 +87,36 @@ def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
         raise DpgenError(f"{prefix}.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
     if int(hp.pretrain_iters) < 0 or int(hp.pretrain_chunk) < 1:
         raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1")
+    sampling, m = partition_sampling(hp)
+    if sampling not in SAMPLINGS:
+        raise DpgenError(f"{prefix}.sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    if not 1 <= m <= int(hp.num_discriminators):
+        raise DpgenError(f"{prefix}.partitions_per_iter={m} must be between 1 and "
+                         f"{prefix}.num_discriminators={hp.num_discriminators}")
+    if sampling == "uniform" and m != 1:
+        raise DpgenError(f"{prefix}.sampling=uniform draws exactly one partition per iteration; "
+                         f"{prefix}.partitions_per_iter={m} needs {prefix}.sampling=poisson")
+
+
+SAMPLINGS = ("poisson", "uniform")
+
+
+def partition_sampling(hp: DictConfig) -> tuple[str, int]:
+    """(``sampling``, ``partitions_per_iter``), Poisson at 1/K when the block lacks them (a saved config that
+    predates them is given the uniform draw it ran, by dpgen.core.schema.LATER_KEYS)."""
+    return str(hp.get("sampling", "poisson")), int(hp.get("partitions_per_iter", 1))
+
+
+def check_uniform_sampling(hp: DictConfig, ledger: PrivacyLedger, prefix: str) -> None:
+    """``sampling=uniform`` has no valid sound bound (:data:`UNIFORM_NOTE`): refused when the ledger must be one."""
+    if partition_sampling(hp)[0] != "uniform":
+        return
+    if ledger.accounting == "sound" and not ledger.privacy_off:
+        raise DpgenError(f"{prefix}.sampling=uniform (one partition per iteration, as the paper) has no valid "
+                         f"sound bound: the unsampled discriminators depend on earlier draws; use "
+                         f"{prefix}.sampling=poisson or privacy.accounting=paper")
+    if UNIFORM_NOTE not in ledger.notes:
+        ledger.notes.append(UNIFORM_NOTE)
 
 
 def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], prefix: str = "dpac") -> None:
@@ -113,12 +155,12 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | Non
     """
     if hp.noise_multiplier is not None:
         return float(hp.noise_multiplier)
-    b, t = int(hp.batch_size), int(hp.iters)
+    b, t, m = int(hp.batch_size), int(hp.iters), partition_sampling(hp)[1]
     if ledger.accounting == "paper":
-        return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon)
+        return paper_noise_multiplier(k, b, t, ledger.delta, ledger.target_epsilon, per_iter=m)
     if entries is None:
         def entries(z: float) -> list:
-            return iteration_entries(z, k, b, t, c_start)
+            return iteration_entries(z, k, b, t, c_start, per_iter=m)
     return calibrate_noise_multiplier(ledger.target_epsilon, ledger.delta, entries,
                                       base=ledger.entries, accountant=ledger.accountant)
 
@@ -140,9 +182,14 @@ class Partitions:
         self.mat = mat.to(device)
 
     def sample(self, members: torch.Tensor, b: int, g: SecretGenerator) -> torch.Tensor:
-        """b record indices of each member's partition (rows of the result), drawn from the secret ``g``."""
+        """b record indices of each member's partition (rows of the result), drawn from the secret ``g``.
+
+        One row of uniforms is drawn for EVERY partition and the members' rows are kept, so the stream advances
+        by the same amount whichever (and however many) partitions an iteration sampled: partition j's batches
+        never depend on whether another partition was sampled (tests/test_dpac_isolation.py flips one)."""
         require_secret(g, "partition batch sampling")
-        pos = (torch.rand(len(members), b, generator=g, device=self.mat.device) * self.sizes[members, None]).long()
+        u = torch.rand(len(self.sizes), b, generator=g, device=self.mat.device).index_select(0, members)
+        pos = (u * self.sizes[members, None]).long()
         return self.mat[members[:, None], pos]
 
 
@@ -222,14 +269,14 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
 class IterationBudget:
     """Per-iteration privacy bookkeeping shared by dpac/gswgan and efsgd.
 
-    An iteration is one event sampled at rate 1/K holding one Gaussian per sanitised path, each with the
+    An iteration is one event sampled at rate q = m/K holding one Gaussian per sanitised path, each with the
     multiplier (noise std ÷ ℓ2 sensitivity of that path's B rows) given to :meth:`allows`/:meth:`record`.
     Sound accounting: one budget guard per kind of iteration (tuple of multipliers). Paper accounting: stop at
     the paper analysis' cap, still recording the same entries so ``sound_epsilon`` stays truthful.
     """
 
-    def __init__(self, ledger: PrivacyLedger, entry: str, k: int, paper_cap: int) -> None:
-        self.ledger, self.entry, self.q, self.paper_cap = ledger, entry, 1.0 / k, paper_cap
+    def __init__(self, ledger: PrivacyLedger, entry: str, k: int, paper_cap: int, per_iter: int = 1) -> None:
+        self.ledger, self.entry, self.q, self.paper_cap = ledger, entry, min(1.0, per_iter / k), paper_cap
         self.guards: dict[tuple[float, ...], object] = {}
 
     def allows(self, it: int, multipliers: tuple[float, ...]) -> bool:
@@ -255,19 +302,33 @@ class IterationBudget:
 
 
 def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
-                 fake, hp: DictConfig, lr: float, betas: tuple, g: torch.Generator):
-    """Alg. 1 lines 3–8: ``critic_iters`` WGAN-GP steps of the sampled D_k on its own partition.
+                 fake, hp: DictConfig, lr: float, betas: tuple, g: torch.Generator, shared_fakes: bool = False):
+    """Alg. 1 lines 3–8: ``critic_iters`` WGAN-GP steps of every sampled D_k (``k``: M ≥ 0 members) on its own
+    partition, all at once.
 
-    Returns the last critic loss and the last real batch (efsgd's encoder reuses it).
+    Each step's fakes are drawn from the secret ``g``. With one partition (the paper's draw) they carry the real
+    batch's labels (official code). With ``shared_fakes`` (Poisson sampling) all M members see one batch of B
+    fakes with uniform labels: B·M fakes with each member's labels would cost M of G's forward passes, and labels
+    taken from one member's batch would carry its partition into the others. Either way the number of draws
+    from the public ``gen`` stream does not depend on the secret sample. Returns the M last critic losses and the
+    last real batches [M, B, ...] (efsgd's reconstruction reuses them).
     """
-    b = int(hp.batch_size)
+    b, m = int(hp.batch_size), k.shape[0]
+    loss_d = torch.zeros(m, device=x_all.device)
+    xr, yr = x_all[:0].expand(m, 0, *x_all.shape[1:]), y_all[:0].expand(m, 0)
     for _ in range(int(hp.critic_iters)):
         idx = parts.sample(k, b, g)
         xr, yr = x_all[idx], y_all[idx]
-        xf, _ = fake(b, yr[0])  # the fakes carry the real batch's labels (official code)
-        alpha = torch.rand(1, b, generator=g, device=xr.device)
-        loss_d = critic_step(disc, disc_forward, k, xr, yr, xf.unsqueeze(0), yr, alpha, float(hp.gp_weight),
-                             float(hp.drift), lr, betas)
+        if shared_fakes:
+            xf, yf = fake(b, None, g)
+            xf, yf = xf.unsqueeze(0).expand(m, *xf.shape), yf.unsqueeze(0).expand(m, b)
+        else:  # one partition: its own labels (official code)
+            xf, yf = fake(m * b, yr.reshape(-1), g)
+            xf, yf = xf.view(m, b, *xf.shape[1:]), yr
+        alpha = torch.rand(len(parts.sizes), b, generator=g, device=xr.device).index_select(0, k)  # as sample()
+        if m:
+            loss_d = critic_step(disc, disc_forward, k, xr, yr, xf, yf, alpha, float(hp.gp_weight),
+                                 float(hp.drift), lr, betas)
     return loss_d, xr, yr
 
 
@@ -366,18 +427,21 @@ class GsWgan:
         self.ncls, self.shape = data.num_classes, list(data.shape)
         self.K, self.B, self.T = int(hp.num_discriminators), int(hp.batch_size), int(hp.iters)
         self.c_start: int | None = None  # t_c of an auxiliary classifier (DPAC); GS-WGAN has none
+        sampling, self.per_iter = partition_sampling(hp)
+        self.poisson = sampling == "poisson"  # else the paper's uniform draw of one partition (paper accounting)
 
     # -- configuration -------------------------------------------------------------------------------------------
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         """One-line DpgenErrors for bad user input."""
         check_hparams(self.hp, n, shape)
+        check_uniform_sampling(self.hp, self.ledger, "dpac")
         if bool(self.hp.classifier.enabled) and float(self.hp.beta) < 1.0:
             raise DpgenError("method=gswgan has no auxiliary classifier (dpac.classifier.enabled=true with "
                              "dpac.beta < 1); use method=dpac")
 
     def plan_entries(self, z: float) -> list:
         """Ledger entries of all ``iters`` iterations at per-sample multiplier z (extra release paths: override)."""
-        return iteration_entries(z, self.K, self.B, self.T, None)
+        return iteration_entries(z, self.K, self.B, self.T, None, per_iter=self.per_iter)
 
     def build_sanitizers(self, z_noise: float, basis: torch.Tensor | None) -> None:
         """D's sanitiser (Eq. 5: clip to C, noise std 2Cz per row); an extension adds its paths' sanitisers."""
@@ -389,18 +453,28 @@ class GsWgan:
         return {"sanitizer": self.san_d}
 
     # -- per iteration -------------------------------------------------------------------------------------------
+    def draw_partitions(self) -> torch.Tensor:
+        """This iteration's partitions from the secret ``data`` stream, as a device tensor of M members: each
+        partition independently at rate m/K (``sampling=poisson``; M is read back to the host by ``nonzero``, the
+        one sync per iteration), or exactly one, uniformly (``sampling=uniform``, Alg. 1 line 2; no sync)."""
+        base = self.base
+        if self.poisson:
+            return poisson_batch(self.K, min(1.0, self.per_iter / self.K), base.data_gen, self.run.device)
+        return uniform_member(self.K, base.data_gen, self.run.device)
+
     def release_paths(self, it: int) -> tuple[float, ...]:
         """The multiplier (noise std ÷ ℓ2 sensitivity of the path's B rows) of every path iteration ``it`` releases."""
         return (self.zp,)
 
     def partition_phase(self, it: int, k: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor) -> None:
-        """Extra per-partition training on partition k after D_k's critic steps (``xr, yr``: D's last real batch)."""
+        """Extra training on the sampled partitions ``k`` [M] after their critic steps (``xr, yr`` [M, B, ...]:
+        each D_k's last real batch)."""
 
     def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
-        """Alg. 1 lines 9-10: G's step through the sanitiser of D_k's gradient."""
+        """Alg. 1 lines 9-10: G's step through the sanitiser of the sampled D_k's gradients (summed over k)."""
         b = self.base
         return generator_step(b.g_net, b.opt_g, b.disc, None, k, self.san_d, None, float(self.hp.beta), self.B,
-                              self.ncls, b.gen_gen)
+                              self.ncls, b.gen_gen, scale=self.per_iter)
 
     def scalars(self) -> dict:
         return {}
@@ -413,7 +487,8 @@ class GsWgan:
 
     def describe(self, z_noise: float, basis: torch.Tensor | None) -> str:
         """The run's setup line in the log."""
-        return (f"{self.name}: K={self.K} B={self.B} T={self.T} z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
+        draw = f"Poisson partitions at {self.per_iter}/K" if self.poisson else "one uniform partition"
+        return (f"{self.name}: K={self.K} B={self.B} T={self.T} {draw}, z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
                 f"from {self.c_start}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
                 f"{'every pixel' if basis is None else f'{basis.shape[1]} DCT coefficients'}, "
                 f"{self.ledger.accounting} accounting")
@@ -425,19 +500,22 @@ class GsWgan:
         """The paper analysis' ε function and the ledger's notes (an extension has its own)."""
         ledger = self.ledger
         if ledger.accounting == "paper":
-            ledger.paper_epsilon = paper_epsilon_fn(self.B)
+            ledger.paper_epsilon = paper_epsilon_fn(self.B, per_iter=self.per_iter)
         for note in (PRETRAIN_NOTE, PAPER_NOTE if ledger.accounting == "paper" else SOUND_NOTE):
             if note not in ledger.notes:  # a resumed ledger already carries them
                 ledger.notes.append(note)
 
     # -- the run -------------------------------------------------------------------------------------------------
-    def fake(self, m: int, y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """m of G's samples (labels ``y`` or uniform ones) from the public ``gen`` stream, without gradients."""
+    def fake(self, m: int, y: torch.Tensor | None = None,
+             g: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """m of G's samples (labels ``y`` or uniform ones), without gradients, drawn from ``g`` (default: the public
+        ``gen`` stream)."""
         g_net, dev = self.base.g_net, self.run.device
+        g = self.base.gen_gen if g is None else g
         if y is None:
-            y = torch.randint(0, self.ncls, (m,), generator=self.base.gen_gen, device=dev)
+            y = torch.randint(0, self.ncls, (m,), generator=g, device=dev)
         with torch.no_grad():
-            return g_net(g_net.sample_z(m, self.base.gen_gen, dev), y), y
+            return g_net(g_net.sample_z(m, g, dev), y), y
 
     def make_generator(self) -> torch.nn.Module:
         return ResNetGenerator(self.ncls, self.shape, int(self.hp.z_dim), int(self.hp.g_width))
@@ -464,9 +542,9 @@ class GsWgan:
                          else None)
         if state:
             self.load_state_dict(state)
-        paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T)
+        paper_cap = (paper_max_iters(z_noise, K, B, ledger.delta, ledger.target_epsilon, T, self.per_iter)
                      if ledger.accounting == "paper" else T)
-        budget = IterationBudget(ledger, self.entry, K, paper_cap)
+        budget = IterationBudget(ledger, self.entry, K, paper_cap, self.per_iter)
         log.info("%s", self.describe(z_noise, basis))
 
         def snapshot() -> dict:
@@ -482,10 +560,11 @@ def run_iterations(ext: GsWgan, budget: IterationBudget, x_all: torch.Tensor, y_
                    snapshot: Callable[[], dict], lr: float) -> int:
     """GS-WGAN's generator iterations (Alg. 1), shared by gswgan, dpac and efsgd through ``ext``'s extension points.
 
-    Per iteration: the budget check for the paths it will release, k ~ U[1, K] from the secret stream (line 2),
-    D_k's critic steps on partition k (lines 3-8), the optional refresh of other discriminators on their own
-    partitions, the extension's per-partition phase, G's sanitised step (lines 9-10), the ledger record of ONE
-    event sampled at 1/K with one Gaussian per path, G's EMA. Returns the number of iterations done.
+    Per iteration: the budget check for the paths it will release, the sampled partitions from the secret stream
+    (line 2: Poisson at m/K, or one uniform draw), their D_k's critic steps on their own partitions (lines 3-8),
+    the optional refresh of other discriminators on their own partitions, the extension's per-partition phase,
+    G's sanitised step (lines 9-10), the ledger record of ONE event sampled at rate q with one Gaussian per path,
+    G's EMA. Returns the number of iterations done.
     """
     hp, run, base = ext.hp, ext.run, ext.base
     dev, K, T, betas = run.device, ext.K, ext.T, tuple(hp.betas)
@@ -494,10 +573,11 @@ def run_iterations(ext: GsWgan, budget: IterationBudget, x_all: torch.Tensor, y_
         paths = ext.release_paths(it)
         if not budget.allows(it, paths):
             break
-        k = uniform_member(K, base.data_gen, dev)  # Alg. 1 line 2: k ~ U[1, K]
+        k = ext.draw_partitions()  # Alg. 1 line 2
         if ext.canaries is not None:
             ext.canaries.start_iteration(k)
-        loss_d, xr, yr = critic_phase(base.disc, base.parts, k, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
+        loss_d, xr, yr = critic_phase(base.disc, base.parts, k, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen,
+                                      shared_fakes=ext.poisson)
         refresh_phase(base.disc, base.parts, it, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen)
         ext.partition_phase(it, k, xr, yr)
         loss_g = ext.generator_step(it, k)
@@ -514,27 +594,51 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     return GsWgan(hp, data, ledger, run).train()
 
 
+def member_rows(x: torch.Tensor, y: torch.Tensor, terms: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """([M, B, ...] rows, loss): row (j, i) is ∂ℓ_ji/∂x_i, the gradient of ℓ_ji = −Σ_t w_t·f_t(member_t[j])(x_i, y_i)
+    w.r.t. the generated image x_i, for the M members in ``terms`` = [(stack, forward, members [M], weight w_t), ...]
+    (one path: the terms a sanitiser releases jointly); loss = Σ_ji ℓ_ji, detached, for the log. The images are
+    detached: only the sanitised rows reach G."""
+    m = terms[0][2].shape[0]
+    xm = x.detach().unsqueeze(0).expand(m, *x.shape).clone().requires_grad_(True)
+    if m == 0:
+        return xm.detach(), torch.zeros((), device=x.device)
+    ym = y.unsqueeze(0).expand(m, -1)
+    loss = sum(-w * batched_forward(stack, fwd, members, xm, ym).sum() for stack, fwd, members, w in terms)
+    return torch.autograd.grad(loss, xm)[0], loss.detach()
+
+
 def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,
                    k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer | None, beta: float, b: int, ncls: int,
-                   g: torch.Generator) -> torch.Tensor:
-    """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C(G(z), y) through the sanitisers.
+                   g: torch.Generator, scale: float = 1.0, clf_members: torch.Tensor | None = None) -> torch.Tensor:
+    """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C_k(G(z), y) through the sanitisers,
+    for every sampled partition k (``k``: M members of ``disc``; C_k is member ``clf_members[j]`` of ``clf``,
+    default the single classifier 0).
 
-    The per-sample losses are summed so each sanitiser sees ∂ℓ_i/∂x_i; it clips, adds noise and
-    divides by B. ``san_c`` None (``dpac.sanitize=joint``, Eq. 9): D and C read one sanitised view of the
-    images, whose hook sees the gradient of the whole loss, β·∂D + (1−β)·∂C, and sanitises it once; otherwise
-    each path has its own sanitiser (the official code's hooks on D.conv1 and C1.conv1). D_k and C are detached:
-    only the sanitised image gradients reach G.
+    Each sanitiser sees every member's per-sample gradient ∂ℓ_i/∂x_i (:func:`member_rows`), clips each, sums
+    them over the members per image, adds noise and divides by ``scale`` (the expected M) and B
+    (:meth:`Sanitizer.sanitize_sum`); the release is then back-propagated through G. ``san_c`` None
+    (``dpac.sanitize=joint``, Eq. 9): the rows are the gradient of the whole loss, β·∂D + (1−β)·∂C, sanitised once;
+    otherwise each path has its own sanitiser (the official code's hooks on D.conv1 and C1.conv1). Returns G's
+    loss per sample and expected member (for the log).
     """
     dev = next(g_net.parameters()).device
+    members = torch.as_tensor(k, device=dev).reshape(-1)
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
     x = g_net(g_net.sample_z(b, g, dev), y)
-    p, u = disc.member(k)
-    xs = san_d(x)
-    loss = -beta * disc_forward(p, u, xs, y).sum()
+    d_term = (disc, disc_forward, members, beta)
+    c_term = None
     if clf is not None:
-        pc, uc = clf.member(0)
-        loss = loss - (1.0 - beta) * clf_forward(pc, uc, xs if san_c is None else san_c(x), y).sum()
+        c_idx = torch.zeros_like(members) if clf_members is None else clf_members
+        c_term = (clf, clf_forward, c_idx, 1.0 - beta)
+    if c_term is None or san_c is None:
+        rows, loss = member_rows(x, y, [d_term] + ([c_term] if c_term else []))
+        release = san_d.sanitize_sum(rows, scale)
+    else:
+        rows_d, loss_d = member_rows(x, y, [d_term])
+        rows_c, loss_c = member_rows(x, y, [c_term])
+        release, loss = san_d.sanitize_sum(rows_d, scale) + san_c.sanitize_sum(rows_c, scale), loss_d + loss_c
     opt_g.zero_grad(set_to_none=True)
-    loss.backward()
+    x.backward(release.to(x.dtype))
     opt_g.step()
-    return loss.detach() / b
+    return loss / (b * float(scale))

@@ -35,6 +35,8 @@ class EnsembleHparams:
     pretrain_iters: int = spec(ge=0)
     pretrain_chunk: int = spec(ge=1)
     pretrain_g_width: Optional[int] = spec(ge=1)  # throw-away warm-up generators' width (null: g_width)
+    sampling: str = spec(choices=("poisson", "uniform"))  # partitions per iteration: Poisson at m/K | one, uniform (the paper; paper accounting only)
+    partitions_per_iter: int = spec(ge=1)       # m: expected partitions per iteration (Poisson; 1 for uniform)
     refresh_chunk: int = spec(ge=0)             # extra critic steps of unsampled D_j on partition j (not in the papers)
     shared_init: bool = spec()                  # one data-independent initial draw for every D (not in the papers)
     gp_weight: float = spec(ge=0.0)
@@ -54,24 +56,48 @@ class EnsembleHparams:
         check_max_image_size(ctx, 32, str(ctx.cfg.method.name))
         check_betas(node, key)
         check_batch_le_n(node, key, ctx, "num_discriminators")
+        check_partition_sampling(node, key, ctx)
         check_classifier_reuse(node, key, ctx)
+
+
+def _privacy_on(ctx: CheckContext) -> bool:
+    """True when the run's ledger must be a valid bound (sound accounting, finite eps)."""
+    from dpgen.privacy.validation import parse_epsilon
+
+    if ctx.cfg.privacy.accounting != "sound":
+        return False
+    try:
+        return parse_epsilon(ctx.cfg.eps) != float("inf")
+    except Exception:  # a bad eps has its own one-line error
+        return False
+
+
+def check_partition_sampling(node: Any, key: str, ctx: CheckContext) -> None:
+    """``partitions_per_iter`` within 1..K, exactly 1 for the uniform draw, and the uniform draw only where no
+    valid bound is claimed (dpgen.gswgan.train repeats these checks at training time)."""
+    m, k = int(node.partitions_per_iter), int(node.num_discriminators)
+    if m > k:
+        raise bad(f"{key}.partitions_per_iter", m, f"an integer between 1 and {key}.num_discriminators={k}")
+    if node.sampling == "uniform" and m != 1:
+        raise bad(f"{key}.partitions_per_iter", m, f"1 with {key}.sampling=uniform (one partition per iteration)")
+    if node.sampling == "uniform" and _privacy_on(ctx):
+        raise DpgenError(f"{key}.sampling=uniform (one partition per iteration, as the paper) has no valid sound "
+                         f"bound: the unsampled discriminators depend on earlier draws; use {key}.sampling=poisson "
+                         "or privacy.accounting=paper")
 
 
 def check_classifier_reuse(node: Any, key: str, ctx: CheckContext) -> None:
     """``classifier.reinit=false`` carries earlier partitions into C: refused under sound accounting (before any
     run directory exists; dpgen.gswgan.train.check_classifier_reuse repeats it at training time)."""
-    from dpgen.privacy.validation import parse_epsilon
-
     clf = node.get("classifier")
-    if clf is None or not bool(clf.enabled) or bool(clf.reinit) or ctx.cfg.privacy.accounting != "sound":
+    if clf is None or not bool(clf.enabled) or bool(clf.reinit):
         return
-    try:
-        if parse_epsilon(ctx.cfg.eps) == float("inf"):
-            return
-    except Exception:  # a bad eps has its own one-line error
-        return
-    raise DpgenError(f"{key}.classifier.reinit=false carries earlier partitions into C, which the sound ledger "
-                     f"cannot charge at rate 1/K; use {key}.classifier.reinit=true or privacy.accounting=paper")
+    if _privacy_on(ctx):
+        raise DpgenError(f"{key}.classifier.reinit=false carries earlier partitions into C, which the sound ledger "
+                         f"cannot charge at rate 1/K; use {key}.classifier.reinit=true or privacy.accounting=paper")
+    if node.get("sampling") == "poisson":
+        raise bad(f"{key}.classifier.reinit", False, f"true with {key}.sampling=poisson (one classifier kept across "
+                  f"iterations needs one partition per iteration: {key}.sampling=uniform)")
 
 
 @dataclass
