@@ -310,3 +310,41 @@ def test_paper_epsilon_reuses_the_gswgan_analysis_for_efsgd_entries():
     entries = [LedgerEntry(ENTRY, [1.07 / math.sqrt(32)], "poisson", 1 / 1000, count=20000)]
     assert paper_epsilon_fn(32)(entries, 1e-5) == pytest.approx(9.9926, abs=0.01)  # accounting.md §4 oracle
     assert paper_epsilon_fn(32)([LedgerEntry("other", [1.0], "poisson", 0.001, count=10)], 1e-5) == 0.0
+
+
+def test_prior_code_nearest_targets_are_same_class_records_closest_to_g():
+    """``efsgd.encoder.match=nearest``: each (partition, row) target is the same-class record of that partition's
+    batch nearest to G's current image of the row's public code; G's state (spectral-norm vectors) is untouched,
+    and the public stream advances the same whatever the batches and however many partitions were sampled."""
+    from dpgen.efsgd.train import prior_recon_batch
+
+    torch.manual_seed(0)
+    g_net = NoiseInjectionGenerator(10, SHAPE, z_dim=10, width=8, noise_injection=True, sigma_noise=0.1)
+    before = {k: v.clone() for k, v in g_net.state_dict().items()}
+    xr, yr = torch.rand(3, 12, *SHAPE), torch.randint(0, 3, (3, 12))
+    pub = torch.Generator().manual_seed(5)
+    u, targets, y, mask = prior_recon_batch(g_net, xr, yr, 3, pub, "nearest")
+    state = pub.get_state()
+    assert all(torch.equal(before[k], v) for k, v in g_net.state_dict().items()), "G's state must not move"
+    g_net.eval()
+    xg = g_net.forward_input(u, torch.Generator().manual_seed(5).set_state(
+        _state_after_code(g_net, xr.shape[1], 3))).detach().flatten(1)
+    for j in range(3):
+        for i in range(len(y)):
+            same = (yr[j] == y[i]).nonzero().squeeze(1)
+            assert bool(mask[j, i]) == (len(same) > 0)
+            if len(same):
+                d = ((xr[j, same].flatten(1) - xg[i]) ** 2).sum(1)
+                assert torch.equal(targets[j, i], xr[j, same[d.argmin()]])
+    for m in (0, 1):  # another number of sampled partitions, other records: the public stream ends in the same state
+        other = torch.Generator().manual_seed(5)
+        prior_recon_batch(g_net, torch.rand(m, 12, *SHAPE), torch.randint(0, 3, (m, 12)), 3, other, "nearest")
+        assert torch.equal(other.get_state(), state)
+
+
+def _state_after_code(g_net, b: int, ncls: int) -> torch.Tensor:
+    """The public stream's state after prior_recon_batch drew the rows' labels and codes (before G's noise)."""
+    g = torch.Generator().manual_seed(5)
+    torch.randint(0, ncls, (b,), generator=g)
+    g_net.sample_z(b, g, torch.device("cpu"))
+    return g.get_state()

@@ -406,6 +406,7 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.partitions_per_iter": 1,
     "efsgd.sampling": "uniform",
     "efsgd.partitions_per_iter": 1,
+    "efsgd.encoder.match": "first",  # efsgd runs before the option paired each prior code with the first record
 }
 
 

@@ -109,6 +109,8 @@ def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: st
         raise DpgenError(f"efsgd.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
     if hp.encoder.code not in CODES:
         raise DpgenError(f"efsgd.encoder.code must be one of {', '.join(CODES)}, got {hp.encoder.code!r}")
+    if str(hp.encoder.get("match", "first")) not in MATCHES:
+        raise DpgenError(f"efsgd.encoder.match must be one of {', '.join(MATCHES)}, got {hp.encoder.match!r}")
     if int(hp.encoder.steps) < 0 or float(hp.encoder.code_clip) <= 0:
         raise DpgenError("efsgd.encoder.steps must be >= 0 and efsgd.encoder.code_clip > 0")
     if recon_on(hp) and hp.encoder.code == "raw" and accounting == "sound":
@@ -170,21 +172,39 @@ def encoder_step(enc: NetStack, k: torch.Tensor, xr: torch.Tensor, yr: torch.Ten
     return loss.detach()
 
 
+MATCHES = ("first", "nearest")
+
+
 def prior_recon_batch(g_net: NoiseInjectionGenerator, xr: torch.Tensor, yr: torch.Tensor, ncls: int,
-                      g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      g: torch.Generator, match: str = "first"
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``encoder.code=prior`` (Eq. 14 as written, L_En = E_{z~P_z}‖G(z) − x‖²): G's input on the reconstruction path
     is a code from G's own prior with a label, both drawn from the PUBLIC stream ``g``, so G's Jacobian there
     releases nothing and no code path is needed. For every sampled partition j (``xr``, ``yr`` [M, b, ...]: D_j's
     last real batch), row i's target is a record of partition j's batch with row i's label, if any (mask 0
-    otherwise): only the gradient depends on the data, and the sanitiser bounds it per partition and row.
-    Returns (u [B], targets [M, B, ...], labels [B], mask [M, B]); the labels (public) key the error states."""
+    otherwise): the first one (``match="first"``), or the one nearest to G's current image G(u_i) (``"nearest"``:
+    Eq. 14's x paired with the z it is closest to, so that different codes keep different targets instead of all
+    being pulled to one record). Only the gradient depends on the data, and the sanitiser bounds it per partition
+    and row. Returns (u [B], targets [M, B, ...], labels [B], mask [M, B]); the labels (public) key the error
+    states."""
     b, dev = xr.shape[1], xr.device
     y = torch.randint(0, ncls, (b,), generator=g, device=dev)
     u = g_net.input_code(g_net.sample_z(b, g, dev), y)
-    match = yr.unsqueeze(1) == y.view(1, -1, 1)  # [member, generated row, real record]
-    j = match.to(torch.int8).argmax(2)  # the first real record of the row's class (0 when none: masked)
+    match_ = yr.unsqueeze(1) == y.view(1, -1, 1)  # [member, generated row, real record]
+    if match == "nearest":  # G's forward draws its injected noise from g whatever M is (the public stream's count)
+        was_training = g_net.training
+        g_net.eval()  # no spectral-norm power iteration: choosing the targets leaves G as it is
+        try:
+            with torch.no_grad():
+                xg = g_net.forward_input(u, g).flatten(1)
+        finally:
+            g_net.train(was_training)
+        dist = torch.cdist(xg.unsqueeze(0).expand(xr.shape[0], -1, -1), xr.flatten(2))  # [member, row, record]
+        j = dist.masked_fill(~match_, float("inf")).argmin(2)  # the nearest record of the row's class
+    else:
+        j = match_.to(torch.int8).argmax(2)  # the first real record of the row's class (0 when none: masked)
     targets = torch.gather(xr, 1, j.view(*j.shape, *([1] * (xr.dim() - 2))).expand(-1, -1, *xr.shape[2:]))
-    return u, targets, y, match.any(2).to(xr.dtype)
+    return u, targets, y, match_.any(2).to(xr.dtype)
 
 
 def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
@@ -359,7 +379,8 @@ class Efsgd(GsWgan):
         lr, betas = float(hp.lr), tuple(hp.betas)
         self.recon_batch, self.clfs = None, None
         if self.recon and self.prior_code:  # Eq. 14 as written: a public code from G's prior
-            self.recon_batch = prior_recon_batch(base.g_net, xr, yr, ncls, base.gen_gen)
+            self.recon_batch = prior_recon_batch(base.g_net, xr, yr, ncls, base.gen_gen,
+                                                 str(hp.encoder.get("match", "first")))
         elif self.recon:  # E_k on D's last real batch (same samples and labels), then the released code
             # one partition per iteration here (check_hparams: a private or raw code needs sampling=uniform)
             enc, private_code, code_clip, code_std = self.enc, self.private_code, self.code_clip, self.code_std

@@ -18,6 +18,7 @@ class EncoderHparams:
     code: str = spec(choices=("private", "raw", "prior"))  # raw: the paper's leaky version, paper accounting only;
     # prior: a public code from G's prior (Eq. 14 as written), no encoder and no code release
     code_clip: float = spec(gt=0.0)
+    match: str = spec(choices=("first", "nearest"))  # code=prior: each row's target, the first or the nearest same-class record
 
 
 @dataclass
