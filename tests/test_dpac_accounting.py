@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dpgen.gswgan.accounting import (gswgan_paper_epsilon, iteration_entries, paper_epsilon_fn, paper_max_iters,
@@ -59,3 +60,21 @@ def test_paper_accounting_runs_the_noiseless_reference_at_eps_inf(method, tmp_pa
     assert all(z == 0.0 for e in ledger.entries for z in e.noise_multipliers)
     js = ledger.to_json()
     assert js["epsilon"] == math.inf and js["valid_dp_guarantee"] is False
+
+
+def test_poisson_partitions_and_the_extended_paper_analysis_use_rate_m_over_k():
+    """m partitions per iteration: the sound entries sample at m/K (one Gaussian z/√B per path), and the paper
+    analysis composes B·T Gaussians sampled m of K without replacement (per_iter=1 is GS-WGAN's 1/K)."""
+    import dp_accounting
+    from dp_accounting import rdp as dp_rdp
+
+    es = iteration_entries(3.0, 200, 16, 100, None, per_iter=20)
+    assert [(e.sampling, e.sampling_rate, e.count) for e in es] == [("poisson", pytest.approx(0.1), 100)]
+    assert es[0].noise_multipliers == pytest.approx([3.0 / 4])
+    acct = dp_rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acct.compose(dp_accounting.SampledWithoutReplacementDpEvent(200, 20, dp_accounting.GaussianDpEvent(3.0)), 1600)
+    orders = np.array(acct._orders, dtype=float)
+    direct = float(np.nanmin(acct._rdp - math.log(DELTA) / (orders - 1.0)))  # Mironov's conversion, as the paper
+    assert gswgan_paper_epsilon(3.0, 200, 1600, DELTA, per_iter=20) == pytest.approx(direct, rel=1e-9)
+    assert paper_epsilon_fn(16, per_iter=20)(es, DELTA) == pytest.approx(direct, rel=1e-9)
+    assert gswgan_paper_epsilon(3.0, 200, 1600, DELTA, per_iter=20) > gswgan_paper_epsilon(3.0, 200, 1600, DELTA)

@@ -32,7 +32,9 @@ def _tensors(obj):
 def test_efsgd_cli_run_releases_no_error_state(tmp_path):
     # per_path (the paper's e_d, e_c, e_e): three error states and three paths from t_c on (joint: two and two;
     # the reconstruction code is drawn from G's prior, public, so it is no path of its own)
+    # every member sampled at every iteration (q = m/K = 1): each error state has been written when the run ends
     res = run_script("train.py", "method=efsgd", "dataset=digits", *TINY_EFSGD, "efsgd.sanitize=per_path",
+                     "efsgd.partitions_per_iter=4",
                      f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     run_dir = tmp_path / "run"

@@ -90,8 +90,10 @@ def test_budget_stops_the_ensemble_pretraining_and_extrapolates_it(tmp_path, one
 
 def test_first_phase_counted_apart(tmp_path, one_torch_thread):
     """dpac's iterations before the classifier: shortened, timed and FLOP-counted apart; the full run counts them
-    inside its planned iterations (12 = 8 without the classifier + 4 with it)."""
+    inside its planned iterations (12 = 8 without the classifier + 4 with it). All 4 members sampled at every
+    step (m = K), so the FLOPs per step do not vary with the Poisson draw."""
     rows = _bench().main(["--tiny", "--inline", "--methods", "dpac", "--set", "dpac.iters=12", "--set",
+                          "dpac.partitions_per_iter=4", "--set",
                           "dpac.classifier.start=8", "--steps", "2", "--warmup", "1",
                           "--data-root", str(tmp_path / "data")])
     r = rows[0]
