@@ -137,9 +137,11 @@ def test_one_record_changes_only_its_own_partitions_states(case, tmp_path, monke
     full = load_dataset("digits", str(tmp_path / "data"))
     uniform = "sampling=uniform" in extra
 
-    def with_new(got, earlier):  # a fixed draw sequence whose last sample holds a partition not drawn before
+    def with_new(got, earlier):  # a fixed draw sequence whose last sample holds partitions not drawn before: two
+        # under Poisson sampling, so that the record's partition is sampled with another (whose states, computed in
+        # the same batch from its own records, must not move)
         unseen = sorted(set(range(K)) - {j for d in earlier for j in d})
-        return [unseen[-1]] if uniform else sorted(set(got) | {unseen[-1]})
+        return [unseen[-1]] if uniform else sorted(set(got) | set(unseen[-2:]))
 
     run = partial(_train, method, accounting, overrides, monkeypatch=monkeypatch, last_draw=with_new)
     drawn, pre_a, final_a = run(tmp_path / "a", full)
@@ -160,6 +162,7 @@ def test_one_record_changes_only_its_own_partitions_states(case, tmp_path, monke
 
     new = sorted(set(drawn[-1]) - {j for d in drawn[:-1] for j in d})
     assert new, "setup: the last iteration must sample a partition that no earlier one drew"
+    assert uniform or len(drawn[-1]) >= 2, "setup: the record's partition is sampled with another"
     last = new[0]
     removed = int(np.flatnonzero(owners == last)[0])
     drawn_c, _, final_c = run(tmp_path / "c", _without(full, removed))
