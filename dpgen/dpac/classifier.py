@@ -40,7 +40,8 @@ def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_rea
     phases: list[str] = []
 
     def step(loss: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
-        functional_step(clf, loss, members, *(x if stacked else x.unsqueeze(0) for x in xs), lr=lr, betas=betas)
+        functional_step(clf, loss, members, *(x if stacked else x.unsqueeze(0) for x in xs), lr=lr, betas=betas,
+                        sampled=stacked)  # stacked: one classifier per sampled partition
 
     single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam, drift)  # noqa: E731
     if order == "sequential":

@@ -114,9 +114,10 @@ _COMPILED: dict[Callable, Callable] = {}
 
 def compiled(fn: Callable) -> Callable:
     """``fn`` itself in eager mode; under ``compile=true`` its ``torch.compile`` (one per function, kept for the
-    process, so each hot step compiles once; dynamic shapes off: an ensemble's shapes are fixed per run). One
-    function serves several losses and member counts (critic M=1, refresh, pre-training chunks, the classifier),
-    each one more graph: :data:`dpgen.core.compile.RECOMPILE_LIMIT` keeps them compiled."""
+    process, so each hot step compiles once; dynamic shapes off). One function serves several losses and member
+    counts (the sampled members, refresh, pre-training chunks, the classifier), each one more graph: a
+    Poisson-sampled member count is padded to a bucket first (:func:`dpgen.ensemble.functional.functional_step`),
+    and :data:`dpgen.core.compile.RECOMPILE_LIMIT` keeps the rest compiled."""
     if not ensemble_compute().compile:
         return fn
     out = _COMPILED.get(fn)

@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 from torch.func import grad, vmap
 
+from dpgen.core.compile import bucket_size
+from dpgen.core.precision import ensemble_compute
 from dpgen.ensemble.compute import compiled, member_forward, to_compute
 from dpgen.ensemble.stack import MemberStack, Params
 from dpgen.nets.spectral import power_iteration
@@ -80,23 +82,44 @@ def _member_grads(loss: Forward, dtype: torch.dtype, p: Params, u: Params,
 
 
 def functional_step(stack: NetStack, loss: Forward, members: torch.Tensor, *inputs: torch.Tensor,
-                    lr: float, betas: tuple[float, float]) -> torch.Tensor:
+                    lr: float, betas: tuple[float, float], sampled: bool = False) -> torch.Tensor:
     """One optimiser step of every selected member on its own inputs (leading member dim [M, ...]).
 
     One power iteration refreshes the members' spectral-norm vectors (as a training forward of torch's
     spectral_norm; fp32, on the master weights); each member's gradient is ``torch.func.grad`` of its own loss,
     batched over members with ``vmap``, in the run's ensemble dtype and convolution layout
     (:func:`dpgen.core.precision.ensemble_compute`); then per-member Adam in fp32. Under ``compile=true`` the
-    gradient function and the Adam update run compiled. Returns the M losses (fp32).
+    gradient function and the Adam update run compiled. ``sampled``: the member count is a Poisson sample's, which
+    varies from one iteration to the next, and a static graph per count recompiled at nearly every step (118×
+    slower at gswgan's quick profile): the gradient function then runs on the members' rows padded to a bucket
+    (:func:`dpgen.core.compile.bucket_size`) with copies of the first row, whose outputs are dropped, and Adam runs
+    eagerly on the real rows only. Returns the M losses (fp32).
     """
+    m = members.shape[0]
+    bucketed = sampled and ensemble_compute().compile and m > 0
+    pad = bucket_size(m) - m if bucketed else 0
     p, u = stack.gather(members)
     u = vmap(power_iteration)(p, u)
     for n in u:
         stack.u[n][members] = u[n]
     with member_forward() as dtype:
-        grads, losses = compiled(_member_grads)(loss, dtype, p, u, *inputs)
-    compiled(_adam_rows)(stack, members, grads, lr, betas)
+        if bucketed:
+            rows = _pad_rows((p, u, inputs), pad)
+            grads, losses = compiled(_member_grads)(loss, dtype, rows[0], rows[1], *rows[2])
+            grads, losses = {n: g[:m] for n, g in grads.items()}, losses[:m]
+        else:
+            grads, losses = compiled(_member_grads)(loss, dtype, p, u, *inputs)
+    (_adam_rows if bucketed else compiled(_adam_rows))(stack, members, grads, lr, betas)
     return losses
+
+
+def _pad_rows(tree, pad: int):
+    """``tree`` (tensors with a leading member dim, in dicts and tuples) with ``pad`` copies of row 0 appended."""
+    if isinstance(tree, torch.Tensor):
+        return torch.cat([tree, tree[:1].expand(pad, *tree.shape[1:])])
+    if isinstance(tree, dict):
+        return {k: _pad_rows(v, pad) for k, v in tree.items()}
+    return tuple(_pad_rows(v, pad) for v in tree)
 
 
 def _adam_rows(stack: NetStack, members: torch.Tensor, grads: Params, lr: float, betas: tuple[float, float]) -> None:

@@ -35,10 +35,11 @@ def critic_loss(fwd: Forward, p: Params, u: Params, xr: torch.Tensor, yr: torch.
 
 def critic_step(stack: NetStack, fwd: Forward, members: torch.Tensor, xr: torch.Tensor, yr: torch.Tensor,
                 xf: torch.Tensor, yf: torch.Tensor, alpha: torch.Tensor, lam: float, drift: float, lr: float,
-                betas: tuple[float, float]) -> torch.Tensor:
-    """One WGAN-GP critic step for every selected member at once (Alg. 1 lines 5–10, members in parallel)."""
+                betas: tuple[float, float], sampled: bool = False) -> torch.Tensor:
+    """One WGAN-GP critic step for every selected member at once (Alg. 1 lines 5–10, members in parallel);
+    ``sampled``: the members are an iteration's Poisson sample (:func:`functional_step`)."""
     return functional_step(stack, lambda p, u, a, b, c, d, al: critic_loss(fwd, p, u, a, b, c, d, al, lam, drift),
-                           members, xr, yr, xf, yf, alpha, lr=lr, betas=betas)
+                           members, xr, yr, xf, yf, alpha, lr=lr, betas=betas, sampled=sampled)
 
 
 class GeneratorStack:

@@ -328,7 +328,7 @@ def critic_phase(disc: NetStack, parts: "Partitions", k: torch.Tensor, x_all: to
         alpha = torch.rand(len(parts.sizes), b, generator=g, device=xr.device).index_select(0, k)  # as sample()
         if m:
             loss_d = critic_step(disc, disc_forward, k, xr, yr, xf, yf, alpha, float(hp.gp_weight),
-                                 float(hp.drift), lr, betas)
+                                 float(hp.drift), lr, betas, sampled=True)
     return loss_d, xr, yr
 
 
