@@ -72,7 +72,9 @@ PAPER_NOTE = (
     "sampled without replacement at 1/K (REPLACE_ONE, Mironov RDP->DP conversion): 9.99 for z=1.07, K=1000, "
     "T=20000, B=32, delta=1e-5. It treats the B gradients of one iteration as independently subsampled "
     "although all come from the same sampled discriminator, and DPAC's official accountant ignores the C "
-    "path; the sound epsilon (sound_epsilon) is therefore far larger. Not a valid DP guarantee."
+    "path. dpgen extends it to m partitions per iteration as m-of-K without replacement. Its figure is no bound "
+    "either way: sound_epsilon is the run's valid epsilon (far larger at one partition per iteration; smaller "
+    "where an iteration samples many, whose B*T composition over-counts). Not a valid DP guarantee."
 )
 
 
