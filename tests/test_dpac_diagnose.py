@@ -95,6 +95,30 @@ def test_every_release_path_is_probed_against_its_own_noise(tmp_path, one_torch_
     first = "D" if method == "dpac" else "d"  # before t_c every method releases D's gradient alone
     assert rows[20][0][f"snr_{first}"] / rows[40][0][f"snr_{first}"] == pytest.approx(2.0, rel=1e-4)
     assert all(0 < r["snr_all"] < float("inf") for r in rows[20])
+    has_c = [("c_acc_real" in r) for r in rows[20]]
+    assert has_c == [False, False, True], "C's accuracy is read exactly where C's gradient reaches G (t_c = 2)"
+    assert 0 <= rows[20][2]["c_acc_real"] <= 1 and 0 <= rows[20][2]["c_acc_fake"] <= 1
+
+
+def test_classifier_accuracy_is_each_sampled_members_argmax_accuracy():
+    """A member whose bias makes it answer one class reads the frequency of that class; the figure is the mean over
+    the members asked for, never over the whole stack."""
+    from functools import partial
+
+    from dpgen.ensemble import NetStack
+    from dpgen.gswgan.diagnose import classifier_accuracy
+    from dpgen.gswgan.nets import clf_init
+    from dpgen.nets.spectral import sn_init
+
+    g = torch.Generator().manual_seed(0)
+    stack = NetStack(partial(clf_init, 10, [1, 8, 8], 4), sn_init, 3, g, torch.device("cpu"))
+    stack.params["lin.b"][1, 3] = 1e4
+    stack.params["lin.b"][2, 5] = 1e4
+    x = torch.rand(200, 1, 8, 8, generator=g)
+    y = torch.cat([torch.full((30,), 3), torch.full((50,), 5), torch.arange(120) % 10])
+    p3, p5 = (y == 3).float().mean().item(), (y == 5).float().mean().item()
+    assert classifier_accuracy(stack, torch.tensor([1]), x, y) == pytest.approx(p3)
+    assert classifier_accuracy(stack, torch.tensor([1, 2]), x, y) == pytest.approx((p3 + p5) / 2)
 
 
 @pytest.mark.parametrize("method", ["dpac", "efsgd"])

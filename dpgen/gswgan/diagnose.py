@@ -16,7 +16,10 @@ step, measures on a fresh batch of G's samples against the sampled D_k (and C, E
   sanitiser, ``D`` and ``C`` per path; EFSGD's ``d`` (``dc`` joint), ``c``, ``e`` and ``code``): ``gnorm_<p>`` and ``snr_<p>``
   with the path's own clip, noise std (error-feedback term clip(e[k, y], C2) included, read only) and weight, and
   ``snr_all``, the whole update's (the sum over the gradient paths). ``snr_code`` is in G's INPUT space: the
-  median ‖clip(u_i, C_z)‖ against the noise's norm (its effect on θ goes through J at u, not a gradient).
+  median ‖clip(u_i, C_z)‖ against the noise's norm (its effect on θ goes through J at u, not a gradient);
+* with a classifier path (DPAC's and EFSGD's C, from t_c on): ``c_acc_real``, the sampled classifiers' mean
+  accuracy (argmax of their logits) on the first 512 images of the real test split, and ``c_acc_fake``, on the
+  probe's batch of G's samples with G's labels: whether the C whose gradient reaches G classifies at all.
 
 Medians are printed per window of ``--window`` iterations. The probe's draws (G's batch, the noise) come from its
 own public generator: nothing of the run's secret streams is consumed and no state is updated (G in eval mode, the
@@ -38,6 +41,8 @@ from pathlib import Path
 import torch
 
 from dpgen.core.run import RecordingRun, TrainingInterrupted
+from dpgen.data.torch_utils import to_float
+from dpgen.gswgan.nets import clf_logits
 from dpgen.nets.dct import dct_basis
 from dpgen.privacy import clip_rows
 
@@ -111,6 +116,18 @@ def probe_step(g_net, disc, clf, k, clip: float, z: float, beta: float, b: int, 
     return out
 
 
+@torch.no_grad()
+def classifier_accuracy(clfs, members: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Mean over ``members`` (rows of the stack ``clfs``) of each classifier's accuracy, argmax of its logits, on
+    (``x``, ``y``); nan without members."""
+    accs = []
+    for j in members.tolist():
+        p = {n: t[j] for n, t in clfs.params.items()}
+        u = {n: t[j] for n, t in clfs.u.items()}
+        accs.append((clf_logits(p, u, x).argmax(1) == y).float().mean())
+    return torch.stack(accs).mean().item() if accs else float("nan")
+
+
 def _path_stats(x: torch.Tensor, g: torch.Tensor, params: list[torch.Tensor], san, weight: float,
                 error: torch.Tensor | None, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Path p's (signal, noise) in G's parameter space and its median pre-clip row norm: Jᵀ·w·Σ_j v_j and Jᵀ·w·n
@@ -139,13 +156,18 @@ def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str
         g_net.train()
     with_c = ext.c_start is not None and it >= ext.c_start
     clfs = getattr(ext, "clfs", None) if with_c else None
+    out: dict[str, float] = {"members": float(len(members))}
     c_idx = None
     if clfs is not None:
         c_idx = torch.zeros_like(members) if clfs is base.clf else torch.arange(len(members), device=dev)
+        n_real = min(512, len(ext.data.test.y))
+        x_real = to_float(ext.data.test.x[:n_real]).to(dev)
+        y_real = torch.as_tensor(ext.data.test.y[:n_real], dtype=torch.long, device=dev)
+        out["c_acc_real"] = classifier_accuracy(clfs, c_idx, x_real, y_real)
+        out["c_acc_fake"] = classifier_accuracy(clfs, c_idx, x.detach(), y)
     d_term = lambda w: (base.disc, _train.disc_forward, members, w)  # noqa: E731
     c_term = lambda w: (clfs, _train.clf_forward, c_idx, w)  # noqa: E731
     paths: list[tuple[str, torch.Tensor, torch.Tensor, object, float, torch.Tensor | None]] = []
-    out: dict[str, float] = {"members": float(len(members))}
     if hasattr(ext, "san"):  # EFSGD: one error-feedback sanitiser per path, weights after the noise
         def err(san, rows_y):
             if san.error is None or not san.error_feedback:
