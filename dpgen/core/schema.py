@@ -406,6 +406,8 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.partitions_per_iter": 1,
     "efsgd.sampling": "uniform",
     "efsgd.partitions_per_iter": 1,
+    "dpac.g_lr_decay_start": None,   # GS-WGAN-family runs before the option kept G's learning rate constant
+    "efsgd.g_lr_decay_start": None,
     "efsgd.encoder.match": "first",  # efsgd runs before the option paired each prior code with the first record
 }
 

@@ -148,6 +148,23 @@ def generator_lr(hp: DictConfig) -> float:
     return float(hp.lr if g_lr is None else g_lr)
 
 
+def generator_lr_at(hp: DictConfig, it: int, iters: int) -> float:
+    """G's learning rate at (0-based) iteration ``it`` of ``iters``: :func:`generator_lr` until
+    ``g_lr_decay_start``·iters, then a half cosine to 0 at ``iters`` (null: constant, as the papers).
+
+    Not in the papers (a quick-profile choice): with a constant rate the last iterations' noisy steps move G as far
+    as the first ones did, so the released average depends on which noise came last. The schedule is a function
+    of the iteration count alone (public), so it costs no privacy and resumes without state of its own.
+    """
+    lr, start = generator_lr(hp), hp.get("g_lr_decay_start")
+    if start is None:
+        return lr
+    s = float(start) * iters
+    if it < s:
+        return lr
+    return lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, (it - s) / max(iters - s, 1e-12))))
+
+
 def plan_noise(hp: DictConfig, ledger: PrivacyLedger, k: int, c_start: int | None,
                entries: Callable[[float], list] | None = None) -> float:
     """Per-sample noise multiplier z: given, or calibrated so all ``iters`` iterations meet the target ε.
@@ -490,7 +507,9 @@ class GsWgan:
     def describe(self, z_noise: float, basis: torch.Tensor | None) -> str:
         """The run's setup line in the log."""
         draw = f"Poisson partitions at {self.per_iter}/K" if self.poisson else "one uniform partition"
-        return (f"{self.name}: K={self.K} B={self.B} T={self.T} {draw}, z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
+        start = self.hp.get("g_lr_decay_start")
+        g_lr = f"G lr {generator_lr(self.hp):g}" + ("" if start is None else f", cosine to 0 from {float(start):g}·T")
+        return (f"{self.name}: K={self.K} B={self.B} T={self.T} {draw}, {g_lr}, z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
                 f"from {self.c_start}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
                 f"{'every pixel' if basis is None else f'{basis.shape[1]} DCT coefficients'}, "
                 f"{self.ledger.accounting} accounting")
@@ -576,6 +595,9 @@ def run_iterations(ext: GsWgan, budget: IterationBudget, x_all: torch.Tensor, y_
         if not budget.allows(it, paths):
             break
         k = ext.draw_partitions()  # Alg. 1 line 2
+        if hp.get("g_lr_decay_start") is not None:
+            for group in base.opt_g.param_groups:
+                group["lr"] = generator_lr_at(hp, it, T)
         if ext.canaries is not None:
             ext.canaries.start_iteration(k)
         loss_d, xr, yr = critic_phase(base.disc, base.parts, k, x_all, y_all, ext.fake, hp, lr, betas, base.data_gen,

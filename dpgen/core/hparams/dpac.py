@@ -43,6 +43,7 @@ class EnsembleHparams:
     drift: float = spec(ge=0.0)
     lr: float = spec(gt=0.0)
     g_lr: Optional[float] = spec(gt=0.0)
+    g_lr_decay_start: Optional[float] = spec(ge=0.0, lt=1.0)  # fraction of T after which G's lr is a cosine to 0 (null: constant)
     betas: List[float] = spec(length=2)
     ema: float = spec(ge=0.0, lt=1.0)
     z_dim: int = spec(ge=1)
