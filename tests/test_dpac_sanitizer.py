@@ -169,7 +169,7 @@ TINY_HP = {"num_discriminators": 4, "iters": 4, "batch_size": 6, "critic_iters":
            "pretrain_chunk": 4, "gp_weight": 10.0, "drift": 1e-3, "lr": 1e-4, "betas": [0.5, 0.9], "ema": 0.9,
            "z_dim": 10, "g_width": 8, "d_width": 4, "clip": 1.0, "noise_multiplier": None, "beta": 0.8,
            "sanitize": "per_path", "classifier": {"enabled": True, "start": 2, "n_fake": 1, "n_real": 1, "fake_batch": 10, "reinit": True,
-                          "order": "sequential"}}
+                          "order": "sequential", "loss": "wgan", "lr": None}}
 
 
 def run_tiny(tmp_path, accounting="sound", target=8.0, **over):

@@ -409,6 +409,10 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.g_lr_decay_start": None,   # GS-WGAN-family runs before the option kept G's learning rate constant
     "efsgd.g_lr_decay_start": None,
     "efsgd.encoder.match": "first",  # efsgd runs before the option paired each prior code with the first record
+    "dpac.classifier.loss": "wgan",  # GS-WGAN-family runs before the option trained C on the papers' class score ...
+    "dpac.classifier.lr": None,      # ... at D's learning rate
+    "efsgd.classifier.loss": "wgan",
+    "efsgd.classifier.lr": None,
 }
 
 

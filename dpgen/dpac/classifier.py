@@ -6,6 +6,11 @@ currently sampled discriminator's partition (one C per sampled partition when se
 in each of max(n_f, n_r) steps). Each step minimises −E[C(x, y)] + λ·E[(‖∇ₓC(x, y)‖ − 1)²] + ε·E[C(x, y)²],
 the gradient penalty taken at x itself and the drift ε = 1e-3 as in the official code. C is never released; its only path to
 G is the sanitised gradient (see :mod:`dpgen.gswgan.sanitizer`).
+
+Research option ``classifier.loss=ce`` (not in the papers): C maximises its log-probability of y instead (cross-entropy,
+no penalty; :data:`dpgen.gswgan.nets.CLF_SCORES`), and G's C path ascends the same score. The papers' class score
+is linear in the logits, so a re-initialised C trained for a few steps barely ranks the classes (on real F-MNIST, 20
+Adam steps of 64 images: test accuracy 0.12–0.26 at any rate tried; cross-entropy: 0.61–0.67, docs/methods.md).
 """
 from __future__ import annotations
 
@@ -15,15 +20,29 @@ import torch
 from torch.func import grad
 
 from dpgen.ensemble import NetStack, functional_step
-from dpgen.gswgan.nets import Params, clf_forward
+from dpgen.gswgan.nets import CLF_SCORES, Params, clf_forward
 
 Batch = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 ORDERS = ("sequential", "parallel")
+LOSSES = tuple(CLF_SCORES)
+
+
+def classifier_lr(hp, lr: float) -> float:
+    """C's Adam rate: ``classifier.lr``, or ``lr`` (D's, as the papers) when it is null."""
+    return lr if hp.classifier.lr is None else float(hp.classifier.lr)
+
+
+def describe_classifier(hp, lr: float) -> str:
+    """C's score and rate, for a run's setup line."""
+    return f"{hp.classifier.loss} score, C lr {classifier_lr(hp, lr):g}"
 
 
 def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam: float,
-                    drift: float = 0.0) -> torch.Tensor:
-    """−E[C(x, y)] + λ·GP(x) + drift·E[C(x, y)²] (WGAN-style class score, official ClassifierDCGAN and main.py)."""
+                    drift: float = 0.0, loss: str = "wgan") -> torch.Tensor:
+    """−E[C(x, y)] + λ·GP(x) + drift·E[C(x, y)²] (WGAN-style class score, official ClassifierDCGAN and main.py);
+    ``loss="ce"``: the cross-entropy −E[log p_C(y | x)] alone."""
+    if loss == "ce":
+        return -CLF_SCORES["ce"](p, u, x, y).mean()
     gx = grad(lambda z: clf_forward(p, u, z, y).sum())(x)
     gp = ((gx.flatten(1).norm(dim=1) - 1) ** 2).mean()
     score = clf_forward(p, u, x, y)
@@ -31,7 +50,8 @@ def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam:
 
 
 def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_real: int, order: str, lam: float,
-                     lr: float, betas: tuple[float, float], drift: float = 0.0, stacked: bool = False) -> list[str]:
+                     lr: float, betas: tuple[float, float], drift: float = 0.0, stacked: bool = False,
+                     loss: str = "wgan") -> list[str]:
     """Train C in place; returns the sequence of phases run ("fake"/"real"/"both"), for tests and logs.
 
     ``stacked``: every member of ``clf`` trains at once on its own batches, which ``fake``/``real`` return with a
@@ -39,11 +59,11 @@ def train_classifier(clf: NetStack, fake: Batch, real: Batch, n_fake: int, n_rea
     members = torch.arange(len(clf), dtype=torch.long, device=clf.t.device)
     phases: list[str] = []
 
-    def step(loss: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
-        functional_step(clf, loss, members, *(x if stacked else x.unsqueeze(0) for x in xs), lr=lr, betas=betas,
+    def step(objective: Callable[..., torch.Tensor], *xs: torch.Tensor) -> None:
+        functional_step(clf, objective, members, *(x if stacked else x.unsqueeze(0) for x in xs), lr=lr, betas=betas,
                         sampled=stacked)  # stacked: one classifier per sampled partition
 
-    single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam, drift)  # noqa: E731
+    single = lambda p, u, x, y: classifier_loss(p, u, x, y, lam, drift, loss)  # noqa: E731
     if order == "sequential":
         for _ in range(n_fake):
             step(single, *fake())

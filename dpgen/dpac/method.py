@@ -14,11 +14,11 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.dpac.classifier import ORDERS, train_classifier
+from dpgen.dpac.classifier import LOSSES, ORDERS, classifier_lr, describe_classifier, train_classifier
 from dpgen.ensemble import NetStack
 from dpgen.errors import DpgenError
 from dpgen.gswgan.accounting import iteration_entries
-from dpgen.gswgan.nets import ResNetGenerator
+from dpgen.gswgan.nets import CLF_SCORES, ResNetGenerator
 from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.gswgan.train import GsWgan, Partitions, check_uniform_sampling, generator_step
 from dpgen.gswgan.train import check_hparams as gswgan_check_hparams
@@ -54,6 +54,8 @@ def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...]) -> None:
         raise DpgenError(f"dpac.beta={hp.beta} must be in [0, 1]")
     if hp.classifier.order not in ORDERS:
         raise DpgenError(f"dpac.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+    if hp.classifier.loss not in LOSSES:
+        raise DpgenError(f"dpac.classifier.loss must be one of {', '.join(LOSSES)}, got {hp.classifier.loss!r}")
 
 
 def classifier_start(hp: DictConfig) -> int | None:
@@ -78,6 +80,8 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
     """
     if reset:
         clf.reset(init_fn, sn_init, init_gen)
+    loss = str(hp.classifier.loss)
+    lr = classifier_lr(hp, lr)
     dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
     fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
     n_fake, n_real, order = int(hp.classifier.n_fake), int(hp.classifier.n_real), hp.classifier.order
@@ -90,10 +94,11 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
             i = parts.sample(k, b, data_gen)[0]
             return x_all[i], y_all[i]
 
-        train_classifier(clf, lambda: fixed, one_real, n_fake, n_real, order, lam, lr, betas, drift)
+        train_classifier(clf, lambda: fixed, one_real, n_fake, n_real, order, lam, lr, betas, drift, loss=loss)
         return clf
     if order == "sequential":
-        train_classifier(clf, lambda: fixed, lambda: None, n_fake, 0, "sequential", lam, lr, betas, drift)
+        train_classifier(clf, lambda: fixed, lambda: None, n_fake, 0, "sequential", lam, lr, betas, drift,
+                         loss=loss)
         n_fake = 0
     stack = clf.replicate(k.shape[0])
     if k.shape[0] == 0:
@@ -107,7 +112,8 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
         m = k.shape[0]
         return fixed[0].unsqueeze(0).expand(m, *fixed[0].shape), fixed[1].unsqueeze(0).expand(m, -1)
 
-    train_classifier(stack, fake_batch, real_batch, n_fake, n_real, order, lam, lr, betas, drift, stacked=True)
+    train_classifier(stack, fake_batch, real_batch, n_fake, n_real, order, lam, lr, betas, drift, stacked=True,
+                     loss=loss)
     return stack
 
 
@@ -146,6 +152,9 @@ class Dpac(GsWgan):
     def with_c(self, it: int) -> bool:
         return self.c_start is not None and it >= self.c_start
 
+    def classifier_note(self) -> str:
+        return "" if self.c_start is None else f" ({describe_classifier(self.hp, float(self.hp.lr))})"
+
     def release_paths(self, it: int) -> tuple[float, ...]:
         # D, and C from t_c with per-path sanitisers (official code): noise 2Cz per row, sensitivity 2C per row;
         # one path when the gradient of β·D + (1−β)·C is sanitised at once (Eq. 9)
@@ -166,7 +175,8 @@ class Dpac(GsWgan):
         kept = clfs is b.clf  # reinit=false: the one kept classifier (member 0) for the one partition
         c_idx = None if clfs is None or kept else torch.arange(k.shape[0], device=k.device)
         return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san_d, self.san_c, float(self.hp.beta),
-                              self.B, self.ncls, b.gen_gen, scale=self.per_iter, clf_members=c_idx)
+                              self.B, self.ncls, b.gen_gen, scale=self.per_iter, clf_members=c_idx,
+                              c_score=CLF_SCORES[str(self.hp.classifier.loss)])
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:

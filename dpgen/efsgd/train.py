@@ -34,10 +34,10 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.dpac.classifier import ORDERS
+from dpgen.dpac.classifier import LOSSES, ORDERS, describe_classifier
 from dpgen.dpac.method import check_classifier_reuse, classifier_phase
 from dpgen.ensemble import NetStack
-from dpgen.gswgan.nets import clf_forward, disc_forward, onehot
+from dpgen.gswgan.nets import CLF_SCORES, Forward, clf_forward, disc_forward, onehot
 from dpgen.gswgan.train import (PRETRAIN_NOTE, GsWgan, check_ensemble_hparams, check_uniform_sampling, member_rows,
                                 partition_sampling)
 from dpgen.gswgan.train import plan_noise as gswgan_plan_noise
@@ -107,6 +107,8 @@ def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], accounting: st
             raise DpgenError(f"efsgd.{key} must be >= 0, got {hp[key]}")
     if hp.classifier.order not in ORDERS:
         raise DpgenError(f"efsgd.classifier.order must be one of {', '.join(ORDERS)}, got {hp.classifier.order!r}")
+    if hp.classifier.loss not in LOSSES:
+        raise DpgenError(f"efsgd.classifier.loss must be one of {', '.join(LOSSES)}, got {hp.classifier.loss!r}")
     if hp.encoder.code not in CODES:
         raise DpgenError(f"efsgd.encoder.code must be one of {', '.join(CODES)}, got {hp.encoder.code!r}")
     if str(hp.encoder.get("match", "first")) not in MATCHES:
@@ -210,9 +212,10 @@ def prior_recon_batch(g_net: NoiseInjectionGenerator, xr: torch.Tensor, yr: torc
 def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer, disc: NetStack,
                    clf: NetStack | None, k: torch.Tensor, san: dict[str, ErrorFeedbackSanitizer], b: int, ncls: int,
                    g: torch.Generator, recon: tuple[torch.Tensor, ...] | None = None, joint: bool = False,
-                   scale: float = 1.0, clf_members: torch.Tensor | None = None) -> torch.Tensor:
+                   scale: float = 1.0, clf_members: torch.Tensor | None = None,
+                   c_score: Forward = clf_forward) -> torch.Tensor:
     """Eq. 15 through the sanitisers, for every sampled partition (``k``: M members of ``disc``; the classifier of
-    member j is row ``clf_members[j]`` of ``clf``, default row 0). ``recon`` = (u, targets [M, B, ...], y[, mask
+    member j is row ``clf_members[j]`` of ``clf``, default row 0; ``c_score``: C's score, ``classifier.loss``). ``recon`` = (u, targets [M, B, ...], y[, mask
     [M, B]]): G's input on the reconstruction path (released or public), each member's real targets, their
     labels (which key the reconstruction path's error states), and with ``encoder.code=prior`` a 0/1 mask (rows
     without a real record of their class carry no gradient).
@@ -237,7 +240,7 @@ def generator_step(g_net: NoiseInjectionGenerator, opt_g: torch.optim.Optimizer,
     c_term = None
     if clf is not None:
         c_idx = torch.zeros_like(members) if clf_members is None else clf_members
-        c_term = (clf, clf_forward, c_idx, san["c"].weight if joint else 1.0)
+        c_term = (clf, c_score, c_idx, san["c"].weight if joint else 1.0)
     if c_term is not None and joint:  # λ_c weights C's gradient BEFORE the one sanitiser clips the sum
         rows, loss = member_rows(x, y, [d_term, c_term])
         release = san["d"].sanitize_sum(rows, members, y, scale)
@@ -361,7 +364,9 @@ class Efsgd(GsWgan):
         return (f"efsgd: K={self.K} B={self.B} T={self.T} z={z_noise:.4f} (per path {self.zp:.4f}) noise std "
                 f"{self.san['d'].noise_std:.4f}, error_feedback={self.ef} C2={self.c2:g}, noise_injection="
                 f"{bool(hp.noise_injection)} ({float(hp.sigma_noise):g}), recon={self.recon} ({hp.encoder.code} code), "
-                f"classifier from {self.c_start}, {self.ledger.accounting} accounting")
+                f"classifier from {self.c_start}"
+                f"{'' if self.c_start is None else f' ({describe_classifier(hp, float(hp.lr))})'}, "
+                f"{self.ledger.accounting} accounting")
 
     def with_c(self, it: int) -> bool:
         return self.c_start is not None and it >= self.c_start
@@ -402,7 +407,8 @@ class Efsgd(GsWgan):
         b, clfs = self.base, self.clfs if self.with_c(it) else None
         c_idx = None if clfs is None or clfs is b.clf else torch.arange(k.shape[0], device=k.device)
         return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san, self.B, self.ncls, b.gen_gen,
-                              self.recon_batch, self.joint, scale=self.per_iter, clf_members=c_idx)
+                              self.recon_batch, self.joint, scale=self.per_iter, clf_members=c_idx,
+                              c_score=CLF_SCORES[str(self.hp.classifier.loss)])
 
     def scalars(self) -> dict:
         return {"loss_e": self.loss_e} if self.recon and not self.prior_code else {}

@@ -42,7 +42,7 @@ import torch
 
 from dpgen.core.run import RecordingRun, TrainingInterrupted
 from dpgen.data.torch_utils import to_float
-from dpgen.gswgan.nets import clf_logits
+from dpgen.gswgan.nets import CLF_SCORES, clf_forward, clf_logits
 from dpgen.nets.dct import dct_basis
 from dpgen.privacy import clip_rows
 
@@ -83,7 +83,8 @@ def _signal_noise(rows: torch.Tensor, clip: float, std: float, gen: torch.Genera
 
 
 def probe_step(g_net, disc, clf, k, clip: float, z: float, beta: float, b: int, ncls: int,
-               bases: dict[int, torch.Tensor], gen: torch.Generator, clf_members=None) -> dict[str, float]:
+               bases: dict[int, torch.Tensor], gen: torch.Generator, clf_members=None,
+               c_score=clf_forward) -> dict[str, float]:
     """The statistics of one generator iteration (module docstring), G's loss as :func:`generator_step`'s, for the
     sampled partitions ``k`` (M of them; their clipped rows are summed before the noise)."""
     dev = next(g_net.parameters()).device
@@ -97,7 +98,7 @@ def probe_step(g_net, disc, clf, k, clip: float, z: float, beta: float, b: int, 
     terms = [(disc, _train.disc_forward, members, beta)]
     if clf is not None:
         c_idx = torch.zeros_like(members) if clf_members is None else clf_members
-        terms.append((clf, _train.clf_forward, c_idx, 1.0 - beta))
+        terms.append((clf, c_score, c_idx, 1.0 - beta))
     g = _rows(x, y, terms)
     params = [q for q in g_net.parameters() if q.requires_grad]
     std = 2.0 * clip * z
@@ -166,7 +167,8 @@ def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str
         out["c_acc_real"] = classifier_accuracy(clfs, c_idx, x_real, y_real)
         out["c_acc_fake"] = classifier_accuracy(clfs, c_idx, x.detach(), y)
     d_term = lambda w: (base.disc, _train.disc_forward, members, w)  # noqa: E731
-    c_term = lambda w: (clfs, _train.clf_forward, c_idx, w)  # noqa: E731
+    score = CLF_SCORES[str(ext.hp.classifier.loss)]
+    c_term = lambda w: (clfs, score, c_idx, w)  # noqa: E731
     paths: list[tuple[str, torch.Tensor, torch.Tensor, object, float, torch.Tensor | None]] = []
     if hasattr(ext, "san"):  # EFSGD: one error-feedback sanitiser per path, weights after the noise
         def err(san, rows_y):
@@ -264,7 +266,7 @@ def measure(method: str, eps: float | str, steps: int, data_root: str, overrides
                      else torch.arange(len(k), device=k.device))
             row.update(probe_step(self.base.g_net, self.base.disc, clfs, k, self.san_d.clip,
                                   self.san_d.noise_multiplier, float(self.hp.beta), self.B, self.ncls, basis_of,
-                                  gen, clf_members=c_idx))
+                                  gen, clf_members=c_idx, c_score=CLF_SCORES[str(self.hp.classifier.loss)]))
         row.update(probe_paths(self, it, k, gen))
         rows.append(row)
         return original(self, it, k)

@@ -179,4 +179,13 @@ def clf_forward(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch
     return (logits * yhat).sum(1)
 
 
+def clf_logprob(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """C(x, y) = log softmax(logits)_y: the class log-probability (``classifier.loss=ce``, not in the papers)."""
+    logp = torch.log_softmax(clf_logits(p, u, x), dim=1)
+    return (logp * onehot(y, logp.shape[1], logp.dtype)).sum(1)
+
+
 Forward = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``classifier.loss`` -> the score C(x, y) that C maximises and that G's C path ascends: ``wgan``, the papers'
+#: WGAN-style class score (trained with a gradient penalty); ``ce``, the log-probability (cross-entropy training)
+CLF_SCORES: dict[str, Forward] = {"wgan": clf_forward, "ce": clf_logprob}

@@ -36,7 +36,7 @@ from dpgen.gswgan.accounting import (ENTRY, iteration_entries, paper_epsilon_fn,
                                    paper_noise_multiplier)
 from dpgen.gswgan.ensemble import GeneratorStack, critic_step
 from dpgen.ensemble import NetStack, batched_forward
-from dpgen.gswgan.nets import ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
+from dpgen.gswgan.nets import Forward, ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
 from dpgen.nets.dct import dct_basis
 from dpgen.nets.spectral import sn_init
 from dpgen.gswgan.sanitizer import Sanitizer
@@ -504,13 +504,17 @@ class GsWgan:
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` saved."""
 
+    def classifier_note(self) -> str:
+        """What the setup line says of an extension's classifier (GS-WGAN has none)."""
+        return ""
+
     def describe(self, z_noise: float, basis: torch.Tensor | None) -> str:
         """The run's setup line in the log."""
         draw = f"Poisson partitions at {self.per_iter}/K" if self.poisson else "one uniform partition"
         start = self.hp.get("g_lr_decay_start")
         g_lr = f"G lr {generator_lr(self.hp):g}" + ("" if start is None else f", cosine to 0 from {float(start):g}·T")
         return (f"{self.name}: K={self.K} B={self.B} T={self.T} {draw}, {g_lr}, z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
-                f"from {self.c_start}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
+                f"from {self.c_start}{self.classifier_note()}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
                 f"{'every pixel' if basis is None else f'{basis.shape[1]} DCT coefficients'}, "
                 f"{self.ledger.accounting} accounting")
 
@@ -634,10 +638,11 @@ def member_rows(x: torch.Tensor, y: torch.Tensor, terms: list) -> tuple[torch.Te
 
 def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: NetStack, clf: NetStack | None,
                    k: torch.Tensor | int, san_d: Sanitizer, san_c: Sanitizer | None, beta: float, b: int, ncls: int,
-                   g: torch.Generator, scale: float = 1.0, clf_members: torch.Tensor | None = None) -> torch.Tensor:
+                   g: torch.Generator, scale: float = 1.0, clf_members: torch.Tensor | None = None,
+                   c_score: Forward = clf_forward) -> torch.Tensor:
     """Alg. 1 lines 21–22 / eq. (4), (9): G descends −β·D_k(G(z), y) − (1−β)·C_k(G(z), y) through the sanitisers,
     for every sampled partition k (``k``: M members of ``disc``; C_k is member ``clf_members[j]`` of ``clf``,
-    default the single classifier 0).
+    default the single classifier 0; ``c_score``: C's score, ``classifier.loss``).
 
     Each sanitiser sees every member's per-sample gradient ∂ℓ_i/∂x_i (:func:`member_rows`), clips each, sums
     them over the members per image, adds noise and divides by ``scale`` (the expected M) and B
@@ -654,7 +659,7 @@ def generator_step(g_net: ResNetGenerator, opt_g: torch.optim.Optimizer, disc: N
     c_term = None
     if clf is not None:
         c_idx = torch.zeros_like(members) if clf_members is None else clf_members
-        c_term = (clf, clf_forward, c_idx, 1.0 - beta)
+        c_term = (clf, c_score, c_idx, 1.0 - beta)
     if c_term is None or san_c is None:
         rows, loss = member_rows(x, y, [d_term] + ([c_term] if c_term else []))
         release = san_d.sanitize_sum(rows, scale)

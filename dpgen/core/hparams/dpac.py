@@ -22,6 +22,8 @@ class ClassifierHparams:
     fake_batch: int = spec(ge=1)
     reinit: bool = spec()
     order: str = spec(choices=("sequential", "parallel"))
+    loss: str = spec(choices=("wgan", "ce"))   # C's score: the papers' WGAN-style class score | ce (log-probability)
+    lr: Optional[float] = spec(gt=0.0)          # C's Adam rate (null: lr, as the papers)
 
 
 @dataclass
