@@ -9,8 +9,9 @@ G is the sanitised gradient (see :mod:`dpgen.gswgan.sanitizer`).
 
 Research option ``classifier.loss=ce`` (not in the papers): C maximises its log-probability of y instead (cross-entropy,
 no penalty; :data:`dpgen.gswgan.nets.CLF_SCORES`), and G's C path ascends the same score. The papers' class score
-is linear in the logits, so a re-initialised C trained for a few steps barely ranks the classes (on real F-MNIST, 20
-Adam steps of 64 images: test accuracy 0.12–0.26 at any rate tried; cross-entropy: 0.61–0.67, docs/methods.md).
+is linear in the logits, so a re-initialised C trained for a few steps barely ranks the classes (on real F-MNIST,
+20 Adam steps of 64 images: test accuracy 0.11–0.22 at any rate tried; cross-entropy: 0.61–0.67;
+:mod:`dpgen.dpac.classifier_probe`).
 """
 from __future__ import annotations
 
