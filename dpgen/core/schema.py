@@ -413,6 +413,8 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.classifier.lr": None,      # ... at D's learning rate
     "efsgd.classifier.loss": "wgan",
     "efsgd.classifier.lr": None,
+    "dpac.classifier.real_batch": None,  # ... on real batches of B images
+    "efsgd.classifier.real_batch": None,
 }
 
 

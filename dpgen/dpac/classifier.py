@@ -33,9 +33,16 @@ def classifier_lr(hp, lr: float) -> float:
     return lr if hp.classifier.lr is None else float(hp.classifier.lr)
 
 
+def classifier_real_batch(hp) -> int:
+    """Real images per C step: ``classifier.real_batch``, or ``batch_size`` (B, as the papers) when it is null."""
+    rb = hp.classifier.get("real_batch")
+    return int(hp.batch_size) if rb is None else int(rb)
+
+
 def describe_classifier(hp, lr: float) -> str:
-    """C's score and rate, for a run's setup line."""
-    return f"{hp.classifier.loss} score, C lr {classifier_lr(hp, lr):g}"
+    """C's score, rate and real batch, for a run's setup line."""
+    return (f"{hp.classifier.loss} score, C lr {classifier_lr(hp, lr):g}, "
+            f"{classifier_real_batch(hp)} real images per C step")
 
 
 def classifier_loss(p: Params, u: Params, x: torch.Tensor, y: torch.Tensor, lam: float,

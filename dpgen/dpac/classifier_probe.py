@@ -1,9 +1,9 @@
 """How far a freshly initialised auxiliary classifier C gets in a few steps, per ``classifier.loss`` and rate.
 
-``python -m dpgen.dpac.classifier_probe --dataset fmnist --data-root DIR [--steps 6 20] [--lrs 4e-4 2e-3 1e-2]``
-trains C (:func:`dpgen.dpac.classifier.train_classifier`, the quick profile's width, batches of 64 real training
-images) from ``--starts`` public initialisations and prints its test accuracy (argmax of the logits, first 1,000
-test images) per score, rate and step count. DPAC re-initialises C at every generator iteration and gives it n_f +
+``python -m dpgen.dpac.classifier_probe --dataset fmnist --data-root DIR [--steps 6 20] [--lrs 4e-4 2e-3 1e-2]
+[--batches 64]`` trains C (:func:`dpgen.dpac.classifier.train_classifier`, the quick profile's width, batches of
+``--batches`` real training images) from ``--starts`` public initialisations and prints its test accuracy (argmax
+of the logits, first 1,000 test images) per score, rate, batch and step count. DPAC re-initialises C at every generator iteration and gives it n_f +
 n_r steps, so this is the classifier whose gradient reaches G, on real data at its best. A research probe on the
 training split: it releases nothing and belongs to no run.
 """
@@ -51,18 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lrs", type=float, nargs="+", default=[4e-4, 2e-3, 1e-2])
     ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
     ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64])
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     data = load_dataset(args.dataset, args.data_root or os.environ.get("DPGEN_DATA", "data"))
     x, y = to_float(torch.as_tensor(data.train.x)), torch.as_tensor(data.train.y).long()
     n = min(1000, len(data.test.y))
     xt, yt = to_float(torch.as_tensor(data.test.x[:n])), torch.as_tensor(data.test.y[:n]).long()
-    print("loss lr steps: test accuracy per start")
+    print("loss lr batch steps: test accuracy per start")
     for loss in args.losses:
         for lr in args.lrs:
-            for steps in args.steps:
-                accs = [probe(x, y, xt, yt, loss, lr, steps, s) for s in range(args.starts)]
-                print(f"{loss} {lr:g} {steps}: " + " ".join(f"{a:.3f}" for a in accs), flush=True)
+            for batch in args.batches:
+                for steps in args.steps:
+                    accs = [probe(x, y, xt, yt, loss, lr, steps, s, batch=batch) for s in range(args.starts)]
+                    print(f"{loss} {lr:g} {batch} {steps}: " + " ".join(f"{a:.3f}" for a in accs), flush=True)
     return 0
 
 

@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 from dpgen.core.run import Run
 from dpgen.data.base import ImageDataset
-from dpgen.dpac.classifier import LOSSES, ORDERS, classifier_lr, describe_classifier, train_classifier
+from dpgen.dpac.classifier import (LOSSES, ORDERS, classifier_lr, classifier_real_batch, describe_classifier,
+                                   train_classifier)
 from dpgen.ensemble import NetStack
 from dpgen.errors import DpgenError
 from dpgen.gswgan.accounting import iteration_entries
@@ -68,7 +69,8 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
                      fake, hp: DictConfig, ncls: int, reset: bool, init_fn, lr: float, betas: tuple,
                      init_gen: torch.Generator, data_gen: SecretGenerator) -> NetStack:
     """DPAC Alg. 1 lines 10–19 for every sampled partition k (``k``: M members): C_k, (re-)initialised, takes n_f
-    fake steps and then n_r real steps on partition k. Returns the M classifiers as a stack (row j: C_{k_j}).
+    fake steps and then n_r real steps on partition k (``classifier.real_batch`` images each; null: B). Returns
+    the M classifiers as a stack (row j: C_{k_j}).
 
     As the official code, ONE fake batch of ``fake_batch`` samples with balanced labels is drawn per iteration
     and reused by every fake step; each real step draws a fresh batch of partition k (from the secret
@@ -82,7 +84,7 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
         clf.reset(init_fn, sn_init, init_gen)
     loss = str(hp.classifier.loss)
     lr = classifier_lr(hp, lr)
-    dev, b, cb = x_all.device, int(hp.batch_size), int(hp.classifier.fake_batch)
+    dev, b, cb = x_all.device, classifier_real_batch(hp), int(hp.classifier.fake_batch)
     fixed = fake(cb, torch.arange(cb, device=dev) % ncls)
     n_fake, n_real, order = int(hp.classifier.n_fake), int(hp.classifier.n_real), hp.classifier.order
     lam, drift = float(hp.gp_weight), float(hp.drift)

@@ -24,6 +24,7 @@ class ClassifierHparams:
     order: str = spec(choices=("sequential", "parallel"))
     loss: str = spec(choices=("wgan", "ce"))   # C's score: the papers' WGAN-style class score | ce (log-probability)
     lr: Optional[float] = spec(gt=0.0)          # C's Adam rate (null: lr, as the papers)
+    real_batch: Optional[int] = spec(ge=1)      # real images per C step (null: batch_size, as the papers)
 
 
 @dataclass
