@@ -5,8 +5,11 @@ test suite must kill.
 Each mutant names a file, one line's exact original text (it must occur exactly once in that file), its
 mutant, and the tests that must fail with it. The runner copies the tracked tree once into a scratch
 directory, applies one mutant at a time, runs its tests there (``PYTHONPATH`` = the copy) and restores the
-file. It exits 1 if any mutant survives (its tests pass) or no longer applies (the original line moved:
-update the entry), so a refactor cannot silently retire a mutant.
+file. A mutant is killed only when its tests ran and at least one of them failed (read from pytest's JUnit
+report). The runner exits 1 if any mutant survives (its tests pass), no longer applies (the original line
+moved: update the entry), or leaves no verdict: a collection error (the mutant broke an import), a fixture's
+error or a timeout is reported as such, never as a kill. So a refactor cannot silently retire a mutant, and a
+mutant that crashes the test run proves nothing about the tests.
 
 General mutation tools (mutmut, cosmic-ray) mutate every line and take hours here; this gate is the
 curated list of the mutations that matter for privacy (issue 18), and runs in minutes.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -625,8 +630,51 @@ def check_applies(m: Mutant, tree: Path) -> str | None:
     return None if count == 1 else f"original line found {count} times in {m.file}"
 
 
+#: a pytest-timeout failure (its ``timeout`` ini option, or a test's ``timeout`` mark): a hang, not a detection
+_TIMEOUT_FAILURE = re.compile(r"^Failed: Timeout")
+
+
+def classify(rc: int, junit: str | None) -> str:
+    """The verdict on one mutant's test run, from pytest's exit status and its JUnit XML report.
+
+    'killed' only when pytest ran the named tests and at least one FAILED (an assertion, or an exception in
+    the test's body). A collection error (the mutant broke an import: SyntaxError, NameError at import), a
+    fixture's setup or teardown error and a test stopped by pytest-timeout are no detection: they are
+    'error: ...' and 'timeout: ...', which fail the gate like a survivor, saying what happened."""
+    if rc == 0:
+        return "survived"
+    if rc == 5:
+        return "stale: pytest collected no test (test ids?)"
+    if rc == 4:
+        return "error: pytest usage error (a test id not found, or conftest.py failed to import)"
+    if rc == 3:
+        return "error: pytest internal error"
+    if junit is None:
+        return f"error: pytest exit {rc} without a report"
+    failed, timeouts, errors = [], [], []
+    for case in ElementTree.fromstring(junit).iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
+        for el in case:
+            message = (el.get("message") or "").strip().splitlines()
+            message = message[0][:120] if message else ""
+            if el.tag == "error":
+                errors.append(f"{name}: {message}")
+            elif el.tag == "failure":
+                (timeouts if _TIMEOUT_FAILURE.match(message) else failed).append(f"{name}: {message}")
+    collection = [e for e in errors if "collection failure" in e]
+    if collection:
+        return f"error: collection failed ({collection[0]})"
+    if failed:
+        return "killed"
+    if timeouts:
+        return f"timeout: {timeouts[0]}"
+    if errors:
+        return f"error: {errors[0]}"
+    return f"error: pytest exit {rc} and no failed test in its report"
+
+
 def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
-    """'killed' | 'survived' | 'stale: ...' and the seconds its tests took."""
+    """The verdict on ``m`` (:func:`classify`, or 'stale: ...' / 'timeout: ...') and the seconds its tests took."""
     path = tree / m.file
     text = path.read_text()
     why = check_applies(m, tree)
@@ -635,21 +683,18 @@ def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
     path.write_text(text.replace(m.original, m.mutant))
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.time()
-    try:
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                              "-m", "slow or not slow", *m.tests], cwd=tree, env=env, capture_output=True,
-                             text=True, timeout=timeout)
-        rc = res.returncode
-    except subprocess.TimeoutExpired:
-        rc = -1  # a hang is a detection too, but say so
-    finally:
-        path.write_text(text)
-    seconds = time.time() - t0
-    if rc == 0:
-        return "survived", seconds
-    if rc in (4, 5):  # usage error / no tests collected: the entry is broken, not the mutant killed
-        return f"stale: pytest exit {rc} (test ids?)", seconds
-    return ("killed (timeout)" if rc == -1 else "killed"), seconds
+    with tempfile.TemporaryDirectory(prefix="dpgen-mutant-report-") as tmp:
+        report = Path(tmp) / "junit.xml"
+        try:
+            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                  f"--junitxml={report}", "-m", "slow or not slow", *m.tests], cwd=tree, env=env,
+                                 capture_output=True, text=True, timeout=timeout)
+            verdict = classify(res.returncode, report.read_text() if report.is_file() else None)
+        except subprocess.TimeoutExpired:
+            verdict = f"timeout: its tests ran past {timeout} s"
+        finally:
+            path.write_text(text)
+    return verdict, time.time() - t0
 
 
 def main(argv: list[str]) -> int:
@@ -674,7 +719,7 @@ def main(argv: list[str]) -> int:
         for m in chosen:
             verdict, seconds = run_mutant(m, tree, args.timeout)
             print(f"{verdict:18s} {seconds:7.1f}s  {m.id}  ({m.why})", flush=True)
-            if not verdict.startswith("killed"):
+            if verdict != "killed":
                 failures.append(m.id)
     print(f"{len(chosen) - len(failures)}/{len(chosen)} mutants killed in {time.time() - t_all:.0f}s")
     if failures:
