@@ -137,21 +137,21 @@ def check_resume_continues_the_secret_streams(device: torch.device, method: str,
                     assert run.start_step == stop, "the resumed run starts where the cut one stopped"
     (full_gen, full_ledger, full), (_, _, cut), (gen, ledger, resumed) = runs["full"], runs["cut"], runs["resumed"]
 
-    # the draws before the stop, then those after the restore, are the uninterrupted run's, one for one
-    assert cut.draws and resumed.draws, "both parts of the interrupted run drew secret randomness"
-    both = cut.draws + resumed.draws
-    assert [n for n, _ in both] == [n for n, _ in full.draws], "the same secret draws, in the same order"
-    for i, ((name, got), (_, want)) in enumerate(zip(both, full.draws)):
-        part = "before the stop" if i < len(cut.draws) else "after the restore"
-        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), \
-            f"secret draw {i} ({name}, {part}) differs from the uninterrupted run's"
     # no noise drawn after the restore replays noise drawn before it
+    assert cut.draws and resumed.draws, "both parts of the interrupted run drew secret randomness"
     before, after = _noise(cut), _noise(resumed)
     assert before and after, "noise drawn on both sides of the restore"
     for j, x in enumerate(after):
         for k, y in enumerate(before):
             assert not (x.shape == y.shape and torch.equal(x, y)), \
                 f"noise draw {j} after the restore replays noise draw {k} before it"
+    # the draws before the stop, then those after the restore, are the uninterrupted run's, one for one
+    both = cut.draws + resumed.draws
+    assert [n for n, _ in both] == [n for n, _ in full.draws], "the same secret draws, in the same order"
+    for i, ((name, got), (_, want)) in enumerate(zip(both, full.draws)):
+        part = "before the stop" if i < len(cut.draws) else "after the restore"
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want)), \
+            f"secret draw {i} ({name}, {part}) differs from the uninterrupted run's"
     # the secret streams' states after every resumed step are the uninterrupted run's (a stream of a finished phase,
     # say dpaf's phase-1 sampling, is not handed out again)
     assert resumed.states and min(resumed.states) == stop + 1
