@@ -362,7 +362,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     from dpgen.core.pipeline import quiet_known_noise, seed_everything
     from dpgen.core.precision import run_precision
     from dpgen.core.run import Run
-    from dpgen.data import load_dataset
+    from dpgen.data import load_config_dataset
     from dpgen.privacy import PrivacyLedger, parse_epsilon
 
     quiet_known_noise()
@@ -374,7 +374,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     cfg = _compose(method, dataset, eps, profile, overrides)
     hp = cfg[cfg.method.hparams]
     if data is None or data.name != cfg.dataset.name:
-        data = load_dataset(cfg.dataset.name, data_root)
+        data = load_config_dataset(cfg, data_root)
     prefix = cfg.method.hparams
     pre = _Pretrain()
     if method in ENSEMBLES:

@@ -174,10 +174,10 @@ def _check_inputs(cfg) -> None:
     """Data files, the data-dependent rules (δ < 1/N, batches <= N, image sizes) and, on ``resume=``, the
     run's saved config and checkpoint, all checked before Hydra creates any directory."""
     from dpgen.core.pipeline import check_resume, validate
-    from dpgen.data import load_dataset
+    from dpgen.data import load_config_dataset
 
     try:
-        data = load_dataset(cfg.dataset.name, cfg.data_root)  # builds the cache the job will then read
+        data = load_config_dataset(cfg)  # builds the cache the job will then read
     except DpgenError as exc:
         if cfg.dataset.get("alias"):  # say which concrete dataset dataset=celeba chose for this method
             raise DpgenError(f"dataset={cfg.dataset.alias} is {cfg.dataset.name} for method={cfg.method.name}: "

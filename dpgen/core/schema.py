@@ -42,6 +42,7 @@ from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_blo
                                spec)
 from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
 from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, PRECISIONS
+from dpgen.data.folder import CHANNELS as FOLDER_CHANNELS, RESOLUTIONS as FOLDER_RESOLUTIONS
 from dpgen.errors import DpgenError
 
 
@@ -65,12 +66,24 @@ class DatasetSchema:
     #: method's paper setting (configs/paper_dataset/<alias>_<method>.yaml)
     alias: Optional[str] = None
     note: Optional[str] = None   # why this concrete dataset (the paper's setting), logged
+    #: dataset=folder only (configs/dataset/folder.yaml, dpgen/data/folder.py): the folder of images, one
+    #: sub-folder per class; the square size and channel count they are resized to (settings, never read off
+    #: the images); the share of each class held out when the folder has no test/
+    path: Optional[str] = None
+    resolution: Optional[int] = spec(None, choices=FOLDER_RESOLUTIONS)
+    channels: Optional[int] = spec(None, choices=FOLDER_CHANNELS)
+    test_fraction: Optional[float] = spec(None, gt=0.0, lt=1.0)
 
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
         from dpgen.data import DATASETS
+        from dpgen.data.folder import NAME, OPTIONS
 
         if node.name in DATASETS:
+            given = [k for k in OPTIONS if node.get(k) is not None]
+            if node.name != NAME and given:
+                raise bad(f"dataset.{given[0]}", node[given[0]], f"null: dataset={node.name} does not read it "
+                          f"(only dataset={NAME} does)")
             return
         if node.alias is not None:
             from dpgen.data.aliases import alias_help
@@ -326,6 +339,16 @@ def _omegaconf_error(exc: BaseException) -> Any:
     return None
 
 
+def _dpgen_error(exc: BaseException) -> DpgenError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DpgenError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def schema_hint(key: str) -> Any:
     """The declared type of a dotted key (``dpgan.lr_d``), or None if the schema has no such key."""
     hint: Any = TrainSchema
@@ -350,6 +373,9 @@ def explain_config_error(exc: BaseException, given: dict[str, str] | None = None
     """A Hydra/OmegaConf composition or resolution error as one line naming the key, the value and what is
     allowed. ``given``: the command-line overrides (key -> value), to tell a typo from a schema gap."""
     given = given or {}
+    raised = _dpgen_error(exc)
+    if raised is not None:  # a resolver's own one-line error (e.g. ${folder_delta:} listing a missing folder)
+        return raised
     err = _omegaconf_error(exc)
     text = next((ln.strip() for ln in str(err or exc).splitlines() if ln.strip()), type(exc).__name__)
     if err is None:
