@@ -54,7 +54,7 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
     tr = importlib.import_module("dpgen.gswgan.train")
     from dpgen.dpac.diagnose import probe_step
 
-    over = [*TINY["gswgan"], "dpac.noise_multiplier=1"]
+    over = [*TINY["gswgan"], "gswgan.noise_multiplier=1"]
     plain, _, _ = train_in_memory("gswgan", tmp_path / "a", *over, noise_seed=4)
     original, gen = tr.generator_step, torch.Generator().manual_seed(0)
 

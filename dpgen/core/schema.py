@@ -11,8 +11,8 @@ top level / train  :class:`TrainSchema` (eps, delta, seed, device, data_root, ..
 ``dataset``        :class:`DatasetSchema`
 ``eval``           :data:`EvalSchema` (generated from :class:`dpgen.eval.config.EvalConfig`)
 ``method``         :class:`MethodSchema` (name/module/hparams must match :data:`dpgen.core.methods.METHODS`)
-hyperparameters    one module per block in :mod:`dpgen.core.hparams` (``dpgan``, ``dpac`` for dpac and
-                   gswgan, ``efsgd``, ``gpate``, ``dpaf``, ``feta`` for feta and dpdm)
+hyperparameters    one module per block in :mod:`dpgen.core.hparams` (``dpgan``, ``gswgan``, ``dpac``,
+                   ``efsgd``, ``gpate``, ``dpaf``, ``feta`` for feta and dpdm)
 =================  ==========================================================
 
 A field's allowed values are declared next to its type with :func:`dpgen.core.checks.spec` (``ge``, ``gt``, ``le``, ``lt``,
@@ -34,13 +34,15 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
                                spec)
-from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
+from dpgen.core.hparams import (DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams,
+                                GswganHparams)
+from dpgen.core.hparams.gswgan import gswgan_block_from_dpac
 from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, PRECISIONS
 from dpgen.data.folder import CHANNELS as FOLDER_CHANNELS, RESOLUTIONS as FOLDER_RESOLUTIONS
 from dpgen.errors import DpgenError
@@ -250,6 +252,7 @@ class TrainSchema:
     audit: Optional[AuditSchema] = None  # set by configs/audit.yaml (scripts/audit.py) only
     # one hyperparameter block per method family (only the selected method's block is set)
     dpgan: Optional[DpganHparams] = None
+    gswgan: Optional[GswganHparams] = None
     dpac: Optional[DpacHparams] = None
     efsgd: Optional[EfsgdHparams] = None
     gpate: Optional[GpateHparams] = None
@@ -298,8 +301,9 @@ def check_multi_process(cfg: Any, several: bool | None = None) -> None:
 
 
 #: hyperparameter block name -> its schema (the TrainSchema field of the same name)
-HPARAM_SCHEMAS: dict[str, type] = {"dpgan": DpganHparams, "dpac": DpacHparams, "efsgd": EfsgdHparams,
-                                   "gpate": GpateHparams, "dpaf": DpafHparams, "feta": FetaHparams}
+HPARAM_SCHEMAS: dict[str, type] = {"dpgan": DpganHparams, "gswgan": GswganHparams, "dpac": DpacHparams,
+                                   "efsgd": EfsgdHparams, "gpate": GpateHparams, "dpaf": DpafHparams,
+                                   "feta": FetaHparams}
 
 
 def check_config(cfg: DictConfig, facts: Facts | None = None) -> None:
@@ -322,7 +326,8 @@ def register_schemas() -> None:
 
 # ---- OmegaConf/Hydra errors as one line -----------------------------------------------------------
 
-_SCHEMA_FILES = {"dpgan": "dpgen/core/hparams/dpgan.py", "dpac": "dpgen/core/hparams/dpac.py",
+_SCHEMA_FILES = {"dpgan": "dpgen/core/hparams/dpgan.py", "gswgan": "dpgen/core/hparams/gswgan.py",
+                 "dpac": "dpgen/core/hparams/dpac.py",
                  "efsgd": "dpgen/core/hparams/efsgd.py", "gpate": "dpgen/core/hparams/gpate.py",
                  "dpaf": "dpgen/core/hparams/dpaf.py", "feta": "dpgen/core/hparams/feta.py"}
 
@@ -444,6 +449,49 @@ LATER_KEYS: dict[str, Any] = {
 }
 
 
+#: methods whose keys moved to a block of their own after runs were saved: method -> (the block those runs were
+#: saved with, the block now, how the old block reads as the new one)
+MOVED_BLOCKS: dict[str, tuple[str, str, Callable[[dict], dict]]] = {
+    "gswgan": ("dpac", "gswgan", gswgan_block_from_dpac),  # GS-WGAN shared DPAC's block until it got its own
+}
+
+
+def moved_key(method: str, key: str) -> str | None:
+    """The key a command-line ``key`` of ``method`` is now (``dpac.iters`` of method=gswgan: ``gswgan.iters``), or
+    None when it did not move (or has no counterpart: ``dpac.beta`` of method=gswgan)."""
+    moved = MOVED_BLOCKS.get(method)
+    if moved is None or key.split(".", 1)[0] != moved[0]:
+        return None
+    new = moved[1] + key[len(moved[0]):]
+    return new if schema_hint(new) is not None else None
+
+
+def _move_blocks(raw: DictConfig) -> None:
+    """A saved config of a method whose keys have since moved (:data:`MOVED_BLOCKS`) reads as one saved with the new
+    block: ``method.hparams`` and the block itself (whose later keys :func:`_fill_later_keys` has filled)."""
+    method = raw.get("method")
+    moved = MOVED_BLOCKS.get(str(method.get("name"))) if isinstance(method, DictConfig) else None
+    if moved is None:
+        return
+    old, new, convert = moved
+    if method.get("hparams") != old or not isinstance(raw.get(old), DictConfig) or new in raw:
+        return
+    block = convert(OmegaConf.to_container(raw[old], resolve=False))
+    with open_dict(raw):
+        raw[new] = block
+        method.hparams = new
+        del raw[old]
+
+
+def saved_fingerprint(stored: dict) -> dict:
+    """A checkpoint's fingerprint (:func:`dpgen.core.pipeline.fingerprint`) written before its method's keys moved
+    (:data:`MOVED_BLOCKS`), with its ``hparams`` read as the new block's."""
+    moved = MOVED_BLOCKS.get(str(stored.get("method")))
+    if moved is None or not isinstance(stored.get("hparams"), dict):
+        return stored
+    return {**stored, "hparams": moved[2](stored["hparams"])}
+
+
 def _fill_later_keys(raw: DictConfig) -> None:
     """Give a saved config the keys it predates (a key present in the file is kept as written)."""
     from dpgen.eval.config import EvalConfig
@@ -484,6 +532,10 @@ def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
     if not isinstance(raw, DictConfig):
         raise DpgenError(f"{cfg_file} is not a valid dpgen run config: not a mapping")
     _fill_later_keys(raw)
+    try:
+        _move_blocks(raw)
+    except DpgenError as exc:
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {exc}") from None
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainSchema), raw)
         OmegaConf.set_struct(cfg, True)
