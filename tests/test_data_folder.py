@@ -277,6 +277,12 @@ def test_quick_profile_trains_on_the_folder_and_releases_a_generator(fm, tmp_pat
     assert privacy["delta"] == 1e-3 and 0 < privacy["epsilon"] <= 10 and privacy["valid_dp_guarantee"] is True
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["dataset"] == "folder" and metrics["num_synthetic"] == 100
+    from dpgen.core.config import register_configs
+    from dpgen.core.schema import load_run_config
+
+    register_configs()
+    saved = load_run_config(run)  # what scripts/evaluate.py reads back: δ listed again from the same folder
+    assert saved.dataset.path == str(root) and float(saved.delta) == 1e-3 and saved.dataset.resolution == 32
     out = tmp_path / "s.npz"
     code, _, err = call(capsys, "sample", f"run={run}", "n=20", f"out={out}")
     assert code == 0, err
