@@ -118,8 +118,8 @@ def test_a_run_saved_with_the_dpac_keys_still_loads(tmp_path):
     assert loaded.gswgan.sampling == "uniform" and loaded.gswgan.partitions_per_iter == 1
     # a β other than 1 weighted G's loss: not a GS-WGAN run any more, said in one line
     saved.write_text(OmegaConf.to_yaml(OmegaConf.create(_old_style(cfg, beta=0.8))))
-    with pytest.raises(DpgenError, match=r"^\S+config.yaml is not a valid dpgen run config: it is a method=gswgan "
-                                         r"run saved with dpac.beta=0.8; GS-WGAN trains with beta=1"):
+    with pytest.raises(DpgenError, match=r"^\S+config.yaml is not a valid dpgen run config: a method=gswgan run "
+                                         r"saved with dpac.beta=0.8 is not GS-WGAN, which trains with beta=1"):
         load_run_config(tmp_path)
 
 

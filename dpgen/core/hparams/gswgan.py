@@ -103,7 +103,14 @@ def gswgan_block_from_dpac(block: dict) -> dict:
     out = dict(block)
     for name, value in DPAC_ONLY_KEYS.items():
         saved = out.pop(name, value)
-        if value is not None and saved is not None and float(saved) != value:
-            raise DpgenError(f"it is a method=gswgan run saved with dpac.{name}={saved}; GS-WGAN trains with "
-                             f"{name}={value:g} (its generator loss is D alone), so it cannot be read as one")
+        if value is not None and not _equals(saved, value):
+            raise DpgenError(f"a method=gswgan run saved with dpac.{name}={saved} is not GS-WGAN, which trains with "
+                             f"{name}={value:g} (its generator loss is D alone); it cannot be read as one")
     return out
+
+
+def _equals(saved: Any, value: float) -> bool:
+    try:
+        return not isinstance(saved, bool) and float(saved) == value
+    except (TypeError, ValueError):  # an untrusted file's string, or an interpolation: not the value GS-WGAN ran with
+        return False
