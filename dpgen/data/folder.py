@@ -122,7 +122,10 @@ class FolderPlan:
                                        self.split, self.classes]).encode())
         for part, files in (("train", self.train), ("test", self.test)):
             for path, label in files:
-                st = path.stat()
+                try:
+                    st = path.stat()
+                except OSError as e:  # removed or made unreadable since the folder was listed
+                    raise _error(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
                 h.update(f"{part}\0{path.relative_to(self.root)}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
 
