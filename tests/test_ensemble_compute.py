@@ -48,7 +48,9 @@ def test_unfold_convolution_is_conv2d_forward_and_backward(stride, padding, dila
         grads.append(torch.autograd.grad((out * cot).sum(), (xs, ws, bs)))
     torch.testing.assert_close(outs[1], outs[0], **FP32)
     for a, r in zip(grads[1], grads[0]):
-        torch.testing.assert_close(a, r, **FP32)
+        # a gradient is a sum of up to C·kh·kw·L products whose order differs by CPU kernel: where the terms nearly
+        # cancel, fp32's absolute error follows the terms' scale, not the small sum (seen: 3.4e-6 at a 0.12 entry)
+        torch.testing.assert_close(a, r, rtol=FP32["rtol"], atol=1e-5 * float(r.abs().max()))
 
 
 def test_batched_conv_mode_reaches_vmapped_and_grouped_convolutions():
