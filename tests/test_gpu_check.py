@@ -52,9 +52,9 @@ def test_tiny_check_prints_one_table_last_with_a_refused_variant(tmp_path):
     a caption naming torch, CUDA and the device, the matmul reference row, a measured row and the row of a
     variant the schema refuses (precision=fp8); --out keeps the same table and the rows as JSON."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
-                           "--methods", "dpgan", "--precisions", "fp32,fp8", "--compile", "false", "--budget", "0.5",
+                           "--methods", "dpgan", "--precisions", "fp32,fp8", "--compile", "false", "--budget", "2",
                            "--out", str(tmp_path)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:]
     lines = _table_lines(proc.stdout)
