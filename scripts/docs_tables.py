@@ -58,6 +58,7 @@ CONSTANTS = {
     "0.999": "the paper profiles' generator EMA (configs/method/dpac.yaml)",
     "0.02": "dpgan.mode_seeking and dpaf.mode_seeking (configs/method/dpgan.yaml, dpaf.yaml)",
     "0.025": "feta.sampler.s_min on F-MNIST (configs/method/feta.yaml)",
+    "0.75": "G-PATE's README rule sigma1 = 0.75 x teachers at eps <= 1 (dpgen.gpate.train.resolve_hparams)",
     "0.25": "the g2r level the GS-WGAN family's epsilon sweep asks each method to clear (docs/results.md)",
     "0.40": "the second such level",
     "90%": "dpaf.gc_keep = 0.9 (configs/method/dpaf.yaml)",
