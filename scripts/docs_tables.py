@@ -15,16 +15,21 @@ probe's reading) lives in a data file under docs/data/ (docs/development.md, "Me
 The figure rule. In README.md, CHANGELOG.md and docs/*.md, outside generated blocks, inline code and shell commands
 (their ``#`` comments are read), a *figure* is a decimal number with two or more digits after the point (0.538,
 1.25), a number with a unit of time, size, share or speed (26 minutes, 2 min 5 s, 54 GB, 13 %, 677 TFLOP/s), or a
-ratio written with ``×`` (3.2×). Each figure must equal, at the precision shown, a value of a data file: of the same
-unit family (a field named ``*_s``, ``*_min``, ``*_h``, ``*_ms`` for times, ``*_gb``, ``*_mib``, ... for sizes,
-``*_pct`` for shares, ``*_tflops`` for speed), or a plain number for a plain figure or a ratio. The values are every
-number in docs/data/*.yaml, the statistics computed from each utility row's draws (mean, standard error, standard
-deviation, lowest, highest and span), and the published numbers of configs/paper_results.yaml (also as percents).
-``CONSTANTS`` below lists the few non-measured numbers the pages quote (thresholds, limits), each with its source.
+ratio written with ``×`` (3.2×). A section that quotes figures declares where they come from in a comment,
+``<!-- figures: utility:dpac, findings:gpate-probe, paper:efsgd -->`` (``source_facts`` lists the kinds); the
+declaration covers the section down to the next heading of its level or above, and a subsection adds its own to its
+parents'. Each figure must equal, at the precision shown, a value of its section's sources, of the same unit family
+(a field named ``*_s``, ``*_min``, ``*_h``, ``*_ms`` for times, ``*_gb``, ``*_mib``, ... for sizes, ``*_pct`` for
+shares, ``*_tflops`` for speed; a text value keeps the unit written after each number), or a plain number for a
+plain figure or a ratio (a figure written without a unit may equal a value of any unit). A utility row's values include the statistics computed from its draws (mean, standard
+error, standard deviation, lowest, highest and span). ``CONSTANTS`` below lists the few non-measured numbers the
+pages quote (thresholds, limits), each with its source.
 """
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import functools
 import hashlib
 import json
 import math
@@ -66,6 +71,9 @@ CONSTANTS = {
     "4 h": "the GPU check's target for GS-WGAN's whole run (bench/gpu_check.py)",
     "2 h target": "the GPU check's target for feta (bench/gpu_check.py)",
     "5 min": "the GPU check's target for dpgan (bench/gpu_check.py)",
+    "1.3×": "bench/dpsgd_overhead.py's target: a private step within 1.3 times a non-private one",
+    "7 minutes": "GPU_BUDGET's default in the Makefile (bench/gpu_check.py --budget)",
+    "10 h": "dpac's and efsgd's SLURM time per attempt before the Unreleased change (CHANGELOG.md)",
     "24 h": "hydra/launcher=slurm's time per attempt of feta, dpdm and the GS-WGAN family (slurm.yaml)",
     "10 s": "hydra.callbacks.sweep_gpus.poll_s (configs/hydra/launcher/local.yaml)",
     "20 s": "the Inception weights download's socket timeout (dpgen/eval/inception.py)",
@@ -431,41 +439,82 @@ class Fact:
     unit: str        # the unit the value is in ("" for plain)
 
 
-def _field_unit(key: str) -> tuple[str, str]:
+def _field_unit(key: str, inherited: tuple[str, str] = ("plain", "")) -> tuple[str, str]:
     suffix = key.rsplit("_", 1)[-1].lower() if "_" in key else ""
-    return FIELD_UNITS.get(suffix, ("plain", ""))
+    return FIELD_UNITS.get(suffix, inherited)
 
 
-def _walk(node, key: str, out: list[Fact]) -> None:
+def _walk(node, key: str, out: list[Fact], inherited: tuple[str, str] = ("plain", "")) -> None:
+    """The numbers of a data node as facts; a field named with a unit suffix gives that unit to what it holds."""
     if isinstance(node, bool) or node is None:
         return
+    unit_here = _field_unit(key, inherited)
     if isinstance(node, (int, float)):
-        family, unit = _field_unit(key)
         if math.isfinite(float(node)):
-            out.append(Fact(float(node), family, unit))
+            out.append(Fact(float(node), *unit_here))
     elif isinstance(node, dict):
         for k, v in node.items():
-            _walk(v, str(k), out)
+            _walk(v, str(k), out, unit_here)
     elif isinstance(node, list):
         for v in node:
-            _walk(v, key, out)
-    elif isinstance(node, str):  # a value written in text (an output quoted verbatim): its decimals count
-        for m in re.finditer(r"(?<![\w.])\d+\.\d+(?![\w.])", node):
-            out.append(Fact(float(m.group(0)), "plain", ""))
+            _walk(v, key, out, inherited)
+    elif isinstance(node, str):  # a value written as text ("10.4 h", an output quoted verbatim): its numbers count
+        for m in _TEXT_NUMBER.finditer(node):
+            unit = m.group("unit")
+            family, u = UNIT_WORDS.get(unit.lower(), ("plain", "")) if unit else unit_here
+            if m.group("a"):
+                out.append(Fact(60 * float(m.group("a")) + float(m.group("b")), "time", "s"))
+            else:
+                out.append(Fact(float(m.group("num").replace(",", "")), family, u))
 
 
-def facts() -> list[Fact]:
+def _row_facts(row: Row) -> list[Fact]:
     out: list[Fact] = []
-    for path in sorted(DATA.glob("*.yaml")):
-        _walk(yaml.safe_load(path.read_text(encoding="utf-8")), "", out)
-    for r in utility_rows():
-        for metric, s in r.stats.items():
-            family, unit = _field_unit(metric)
-            vals = [s.mean, s.lo, s.hi, s.hi - s.lo] + [v for v in (s.sd, s.se) if v is not None]
-            out += [Fact(v, family, unit) for v in vals]
-    for p in paper_rows():
-        out += [Fact(float(p["value"]), "plain", ""), Fact(100 * float(p["value"]), "pct", "%")]
+    _walk({k: v for k, v in row.data.items() if k not in ("command", "config", "note")}, "", out)
+    for metric, s in row.stats.items():
+        family, unit = _field_unit(metric)
+        vals = [s.mean, s.lo, s.hi, s.hi - s.lo] + [v for v in (s.sd, s.se) if v is not None]
+        out += [Fact(v, family, unit) for v in vals]
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def source_facts(source: str) -> tuple[Fact, ...]:
+    """The values one figure source names: ``utility:<row id>`` (a glob; the row's draws, ε and statistics),
+    ``paper:<method>`` (a glob; configs/paper_results.yaml's numbers, also as percents), ``config:<path>`` (the
+    numbers configs/<path> sets: limits and sizes that are not measured), or ``<file>:<dotted key>`` (a part of
+    docs/data/<file>.yaml; ``*``: all of it). Raises KeyError if it names nothing."""
+    kind, _, path = source.partition(":")
+    out: list[Fact] = []
+    if kind == "utility":
+        rows = [r for r in utility_rows() if fnmatch.fnmatchcase(r.id, path)]
+        for r in rows:
+            out += _row_facts(r)
+        if not rows:
+            raise KeyError(source)
+    elif kind == "paper":
+        rows = [p for p in paper_rows() if fnmatch.fnmatchcase(p["method"], path)]
+        for p in rows:
+            out += [Fact(float(p["value"]), "plain", ""), Fact(100 * float(p["value"]), "pct", "%")]
+        if not rows:
+            raise KeyError(source)
+    elif kind == "config":  # numbers a config file sets (limits, sizes): configs/<path>
+        file = ROOT / "configs" / path
+        if not file.is_file():
+            raise KeyError(source)
+        _walk(yaml.safe_load(file.read_text(encoding="utf-8")), "", out)
+    else:
+        if not (DATA / f"{kind}.yaml").is_file():
+            raise KeyError(source)
+        node = load(kind)
+        key = ""
+        if path not in ("", "*"):
+            for part in path.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    raise KeyError(source)
+                node, key = node[part], part
+        _walk(node, key, out)
+    return tuple(out)
 
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
@@ -474,9 +523,14 @@ _FIGURE = re.compile(
     rf"(?<![\w.,/#=+-])(?P<a>{_NUMBER})\s?min\s(?P<b>\d+)\s?s\b"  # 2 min 5 s
     rf"|(?<![\w.,/#=+-])(?P<num>{_NUMBER})(?P<rest>(?:\s?[–-]\s?(?:{_NUMBER}))*)"
     rf"(?:(?P<sp>\s?)(?P<unit>{_UNIT})(?![\w/]))?")
-_VERSION_BEFORE = re.compile(r"(?i)(python|py=|torch|cuda|cudnn|cu|version|v)\s*$")
+_TEXT_NUMBER = re.compile(
+    rf"(?<![\w.])(?P<a>{_NUMBER})\s?min\s(?P<b>\d+)\s?s\b"
+    rf"|(?<![\w.])(?P<num>{_NUMBER})(?:\s?(?P<unit>{_UNIT})(?![\w/]))?")
+_VERSION_BEFORE = re.compile(r"(?i)(python|py=|torch|cuda|cudnn|cu|version|v|≥|>=)\s*$")
 _SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
+_SOURCES = re.compile(r"<!--\s*figures:\s*(.*?)\s*-->")
+_HEADING = re.compile(r"^(#{1,6})\s")
 
 
 def _decimals(text: str) -> int:
@@ -499,7 +553,7 @@ def figure_tokens(text: str) -> list[tuple[str, float, int, str, str]]:
         if _VERSION_BEFORE.search(text[max(0, m.start() - 12):m.start()]):
             continue
         numbers = [m.group("num")] + re.findall(_NUMBER, m.group("rest") or "")
-        family, u = UNIT_WORDS.get(unit.lower() if unit else "", ("plain", "")) if unit else ("plain", "")
+        family, u = UNIT_WORDS.get(unit.lower(), ("plain", "")) if unit else ("plain", "")
         for num in numbers:
             if not unit and _decimals(num) < 2:
                 continue
@@ -515,22 +569,23 @@ def _convert(fact: Fact, unit: str) -> float:
     return fact.value
 
 
-def traced(value: float, decimals: int, family: str, unit: str, known: list[Fact]) -> bool:
+def traced(value: float, decimals: int, family: str, unit: str, known) -> bool:
     tol = 0.5 * 10 ** -decimals + 1e-9
-    for f in known:
-        if f.family != family:
-            continue
-        if abs(_convert(f, unit) - value) <= tol:
-            return True
-    return False
+    if family == "plain":  # a figure written without a unit may be any value, whatever the unit of its field
+        return any(abs(f.value - value) <= tol for f in known)
+    return any(f.family == family and abs(_convert(f, unit) - value) <= tol for f in known)
 
 
-def scanned_text(page: Path) -> list[tuple[int, str]]:
-    """(line number, text) the figure rule reads: prose without inline code and link targets, ``#`` comments of
-    shell blocks, and every line of ``text`` blocks; generated blocks and other code blocks are skipped."""
+def scanned_text(page: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line number, text, figure sources) the figure rule reads: prose without inline code and link targets,
+    ``#`` comments of shell blocks, and every line of ``text`` blocks; generated blocks and other code blocks are
+    skipped. A ``<!-- figures: SOURCE, ... -->`` comment declares where the figures of its section (to the next
+    heading of its level or above) come from; a subsection adds its own to its parents'."""
     out, lines = [], page.read_text(encoding="utf-8").splitlines()
     in_fence, lang, in_generated = None, "", False
+    stack: list[tuple[int, list[str]]] = [(0, [])]
     for n, line in enumerate(lines, 1):
+        sources = tuple(s for _, srcs in stack for s in srcs)
         if START.match(line):
             in_generated = True
             continue
@@ -547,30 +602,55 @@ def scanned_text(page: Path) -> list[tuple[int, str]]:
             if line.strip().startswith(in_fence):
                 in_fence = None
             elif lang == "text":
-                out.append((n, line))
+                out.append((n, line, sources))
             elif lang in ("", "bash", "sh", "shell", "console") and "#" in line:
                 comment = re.split(r"(?:^|\s)#\s", line, maxsplit=1)
                 if len(comment) == 2:
-                    out.append((n, comment[1]))
+                    out.append((n, comment[1], sources))
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            level = len(heading.group(1))
+            while stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, []))
+            sources = tuple(s for _, srcs in stack for s in srcs)
+        declared = _SOURCES.search(line)
+        if declared:
+            stack[-1][1].extend(s.strip() for s in declared.group(1).split(",") if s.strip())
             continue
         if line.lstrip().startswith("<!--"):
             continue
-        out.append((n, _LINK_TARGET.sub("]()", _SPAN.sub(lambda m: " " * len(m.group(0)), line))))
+        out.append((n, _LINK_TARGET.sub("]()", _SPAN.sub(lambda m: " " * len(m.group(0)), line)), sources))
     return out
 
 
 def untraced_figures(paths: list[Path] | None = None, known: list[Fact] | None = None) -> list[str]:
-    known = facts() if known is None else known
+    """Every figure of the pages that no declared source of its section holds (``known``: check against these
+    facts instead, for tests), and every declared source that names nothing."""
     errors = []
     for page in paths or pages():
-        for n, text in scanned_text(page):
+        rel = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+        for n, text, sources in scanned_text(page):
+            if known is None:
+                facts, missing = [], []
+                for s in sources:
+                    try:
+                        facts += source_facts(s)
+                    except KeyError:
+                        missing.append(s)
+                for s in dict.fromkeys(missing):
+                    errors.append(f"{rel}:{n}: figure source {s!r} names nothing in docs/data or paper_results")
+            else:
+                facts = known
             for shown, value, decimals, family, unit in figure_tokens(text):
                 if shown in CONSTANTS or shown.replace(" ", "") in CONSTANTS:
                     continue
-                if not traced(value, decimals, family, unit, known):
-                    rel = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
-                    errors.append(f"{rel}:{n}: {shown!r} is in no data file (docs/data/*.yaml)")
-    return errors
+                if not traced(value, decimals, family, unit, facts):
+                    where = f"the section's sources ({', '.join(sources)})" if sources and known is None else \
+                        "a data file (declare its source: <!-- figures: ... -->)"
+                    errors.append(f"{rel}:{n}: {shown!r} is not in {where}")
+    return sorted(set(errors), key=lambda e: (e.split(":")[0], int(e.split(":")[1])))
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
