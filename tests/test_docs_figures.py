@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docs import check_train_overrides
+from tests.test_docs import check_command, check_train_overrides, tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +73,29 @@ def test_utility_rows_are_well_formed_and_their_commands_compose():
         elif f"method={r.method}" not in words:
             errors.append(f"{where}: the command does not say method={r.method}")
         errors += check_train_overrides(where, words[2:])
+    assert not errors, "\n".join(errors)
+
+
+def _commands(node, where: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("command", "commands"):
+                for c in ([v] if isinstance(v, str) else v):
+                    yield where, c
+            else:
+                yield from _commands(v, f"{where}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _commands(v, f"{where}[{i}]")
+
+
+def test_the_commands_of_the_data_files_exist():
+    """Every command a data file names runs a script, module or target that exists, with keys it reads."""
+    errors = []
+    for name in ("findings", "cpu", "gpu", "audit"):
+        for where, command in _commands(dt.load(name), f"docs/data/{name}.yaml"):
+            for words in tokens(command):
+                errors += check_command(where, words)
     assert not errors, "\n".join(errors)
 
 
