@@ -212,6 +212,8 @@ def mean_se(row: Row, metric: str) -> str:
 
 def label(row: Row) -> str:
     text = row.method + (f" ({row.variant})" if row.get("variant") else "")
+    if row.profile != "quick":
+        text += f", profile={row.profile}"
     return text + (f", {row.setting}" if row.get("setting") else "")
 
 
@@ -236,6 +238,12 @@ def published(method: str, dataset: str, eps, variant=None, metric: str = "g2r_c
     return out
 
 
+def paper_value(value: float) -> str:
+    """A published number as its table prints it: at least two decimals (0.70), up to four (0.6579)."""
+    text = f"{value:.4f}".rstrip("0")
+    return text + "0" * max(0, 2 - len(text.split(".")[1])) if "." in text else text
+
+
 def published_text(row: Row, metric: str = "g2r_cnn") -> str:
     if row.accounting == "none":
         return "–"
@@ -243,7 +251,7 @@ def published_text(row: Row, metric: str = "g2r_cnn") -> str:
     for p in published(row.method, row.dataset, row.eps, row.get("variant"), metric):
         note = "; a different DP-GAN" if "not our dpgan" in p.get("note", "") else (
             ", re-run by the EFSGD authors" if "re-run" in p.get("note", "") else "")
-        items.append(f"{p['value']:g} ({p['citation']}{note})")
+        items.append(f"{paper_value(p['value'])} ({p['citation']}{note})")
     return "; ".join(items) if items else "not reported"
 
 
@@ -308,7 +316,7 @@ def _draw_table(rows: list[Row]) -> list[str]:
     out = table(["run", "draw", "ε", "accounting", "g2r CNN fixed", "g2r MLP fixed", "selected CNN / MLP", "r2g",
                  "cnn_fid", "train s", "date", "command"], body)
     if notes:
-        out += [""] + [f"{mark} {note}" for note, mark in notes.items()]
+        out += [""] + [f"- {mark} {note}" for note, mark in notes.items()]
     return out
 
 
