@@ -487,20 +487,22 @@ def check_doc(doc: Path) -> list[str]:
 _FILE_REF = re.compile(
     r"(?<![\w/.<-])(?P<file>(?:README|CHANGELOG)(?:\.md)?\b|(?:docs|configs|scripts|bench|tests|dpgen|notebooks)/"
     r"[\w./<>*-]*[\w>*]|[\w-]+\.md\b)"
-    r"(?:#(?P<anchor>[\w-]+))?(?:(?:'s)?,?\s+(?:section\s+)?[\"“](?P<section>[^\"”\n]{2,80})[\"”])?")
+    r"(?:#(?P<anchor>[\w-]+))?(?:(?:'s)?,?\s+(?:section\s+)?[\"“](?P<section>[^\"”]{2,80})[\"”])?")
 _LINE_NUMBER = re.compile(r"\b[\w/.-]+\.(?:py|md|yaml|ipynb|toml):\d+\b|\blines?\s+\d+(?:\s*[-–]\s*\d+)?\s+(?:of|in)\s+"
                           r"[\w/.-]+\.(?:py|md|yaml|ipynb|toml)\b")
 
 
 def reference_texts() -> list[tuple[str, str]]:
     """(where, text) of the texts besides the pages that cite files: config comments, the string literals of
-    scripts/ and bench/ (docstrings, help texts, usage lines), and the Makefile's comments."""
+    scripts/, bench/ and the ``python -m dpgen...`` entry points (docstrings, help texts, usage lines), and the
+    Makefile's and sbatch scripts' comments."""
     out = []
     for path in sorted((ROOT / "configs").rglob("*.yaml")):
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if "#" in line:
                 out.append((f"{_rel(path)}:{n}", line.split("#", 1)[1]))
-    for path in sorted([*(ROOT / "scripts").rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
+    entry_points = [p for p in (ROOT / "dpgen").rglob("*.py") if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
+    for path in sorted([*(ROOT / "scripts").rglob("*.py"), *(ROOT / "bench").glob("*.py"), *entry_points]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 out.append((f"{_rel(path)}:{node.lineno}", node.value))
@@ -542,9 +544,10 @@ def check_references(where: str, text: str) -> list[str]:
             continue
         if target.suffix != ".md" or "*" in name or "<" in name:
             continue
-        for anchor in filter(None, (m.group("anchor"), m.group("section") and slug(m.group("section")))):
+        section = " ".join(m.group("section").split()) if m.group("section") else None
+        for anchor in filter(None, (m.group("anchor"), section and slug(section))):
             if anchor not in anchors(target):
-                errors.append(f"{where}: {name} has no section {m.group('section') or '#' + anchor!r}")
+                errors.append(f"{where}: {name} has no section {section or '#' + anchor!r}")
     for m in _LINE_NUMBER.finditer(text):
         errors.append(f"{where}: cites a line number ({m.group(0)}); cite the file and section instead")
     return errors
