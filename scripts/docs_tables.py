@@ -103,8 +103,15 @@ FIELD_UNITS = {"ms": ("time", "ms"), "s": ("time", "s"), "min": ("time", "min"),
 
 # ---- data -----------------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
+def _load_text(path: Path, text: str):
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load(name: str) -> dict:
-    return yaml.safe_load((DATA / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+    """docs/data/<name>.yaml (parsed once per content; treat the result as read-only)."""
+    path = DATA / f"{name}.yaml"
+    return _load_text(path, path.read_text(encoding="utf-8")) or {}
 
 
 @dataclass
@@ -160,28 +167,29 @@ def utility_rows() -> list[Row]:
 
 
 def paper_rows() -> list[dict]:
-    return (yaml.safe_load(PAPER.read_text(encoding="utf-8")) or {}).get("rows") or []
+    return (_load_text(PAPER, PAPER.read_text(encoding="utf-8")) or {}).get("rows") or []
 
 
-def config_hash(command: str) -> str:
-    """sha256 (12 hex digits) of the config that ``command`` (a scripts/train.py command) composes today, resolved,
-    without the keys that only change how a run executes (``RUNTIME_KEYS``)."""
+def config_hashes(commands: list[str]) -> dict[str, str]:
+    """sha256 (12 hex digits) of the config that each command (a scripts/train.py command) composes today,
+    resolved, without the keys that only change how a run executes (``RUNTIME_KEYS``)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from dpgen.core.config import register_configs
     from dpgen.core.methods import CONFIG_DIR
 
-    words = command.split()
-    overrides = words[words.index("scripts/train.py") + 1:]
     register_configs()
+    out = {}
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in RUNTIME_KEYS:
-        data.pop(key, None)
-    blob = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        for command in commands:
+            words = command.split()
+            cfg = compose("train", overrides=words[words.index("scripts/train.py") + 1:])
+            data = OmegaConf.to_container(cfg, resolve=True)
+            for key in RUNTIME_KEYS:
+                data.pop(key, None)
+            out[command] = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return out
 
 
 # ---- formatting -----------------------------------------------------------------------------------------------
@@ -418,8 +426,10 @@ def stale_blocks() -> list[str]:
 
 def stale_hashes() -> list[str]:
     errors = []
-    for r in current(utility_rows()):
-        now = config_hash(r.command)
+    rows = current(utility_rows())
+    hashes = config_hashes([r.command for r in rows])
+    for r in rows:
+        now = hashes[r.command]
         if r.get("config") != now:
             errors.append(f"docs/data/utility.yaml: row {r.id}: its command composes config {now}, not the "
                           f"{r.get('config')} it was measured with: re-measure it, or mark it current: false")
@@ -429,8 +439,10 @@ def stale_hashes() -> list[str]:
 def write_hashes() -> None:
     path = DATA / "utility.yaml"
     text = path.read_text(encoding="utf-8")
-    for r in current(utility_rows()):
-        now = config_hash(r.command)
+    rows = current(utility_rows())
+    hashes = config_hashes([r.command for r in rows])
+    for r in rows:
+        now = hashes[r.command]
         pattern = re.compile(rf"(- id: {re.escape(r.id)}\n(?:  .*\n)*?  config: )(\S+)")
         text, n = pattern.subn(lambda m: m.group(1) + now, text, count=1)
         if not n:
