@@ -60,17 +60,15 @@ CONSTANTS = {
     "95 %": "audit.confidence, configs/audit.yaml",
     "5 %": "one minus audit.confidence",
     "0.99": "the quick profiles' generator EMA (configs/method/*.yaml)",
-    "0.999": "the paper profiles' generator EMA (configs/method/dpac.yaml)",
     "0.02": "dpgan.mode_seeking and dpaf.mode_seeking (configs/method/dpgan.yaml, dpaf.yaml)",
     "0.025": "feta.sampler.s_min on F-MNIST (configs/method/feta.yaml)",
-    "0.75": "G-PATE's README rule sigma1 = 0.75 x teachers at eps <= 1 (dpgen.gpate.train.resolve_hparams)",
-    "0.25": "the g2r level the GS-WGAN family's epsilon sweep asks each method to clear (docs/results.md)",
-    "0.40": "the second such level",
+    "0.75": "G-PATE's README rule sigma1 = 0.75 x teachers at eps <= 1 (dpgen.gpate.train.resolve_hparams); "
+            "the upper bin mid-point of a 2-bin mode histogram (feta.central_post=paper)",
+    "0.25": "the lower bin mid-point of a 2-bin mode histogram (feta.central_post=paper)",
     "90%": "dpaf.gc_keep = 0.9 (configs/method/dpaf.yaml)",
     "2 h": "hydra/launcher=slurm's time per attempt of dpgan, dpaf and quick jobs (configs/hydra/launcher/slurm.yaml)",
-    "4 h": "the GPU check's target for GS-WGAN's whole run (bench/gpu_check.py)",
-    "2 h target": "the GPU check's target for feta (bench/gpu_check.py)",
-    "5 min": "the GPU check's target for dpgan (bench/gpu_check.py)",
+    "4 h": "hydra/launcher=slurm's time per attempt of gpate (and gswgan's before the Unreleased change); the GPU "
+           "check's target for GS-WGAN's whole run (bench/gpu_check.py)",
     "1.3×": "bench/dpsgd_overhead.py's target: a private step within 1.3 times a non-private one",
     "7 minutes": "GPU_BUDGET's default in the Makefile (bench/gpu_check.py --budget)",
     "10 h": "dpac's and efsgd's SLURM time per attempt before the Unreleased change (CHANGELOG.md)",
@@ -81,12 +79,11 @@ CONSTANTS = {
     "5 s": "bench/gpu_check.py MIN_ROW_S for the other methods",
     "3 s": "bench/gpu_check.py's matmul reference runs about 3 s",
     "30 s": "make test lists every test not marked slow that took over 30 s (tests/conftest.py)",
-    "20 minutes": "the quick profiles' time goal on two CPU cores",
     "1 GiB": "MAX_GENERATOR_ELEMENTS of float32 (dpgen/core/untrusted.py)",
     "16 MiB": "MAX_GENERATOR_FILE_BYTES is 1 GiB + 16 MiB (dpgen/core/untrusted.py)",
     "80 GB": "the GPU memory of an H100 (the memory table's card)",
-    "0.1 ms": "the order of an RDP evaluation (dpgen/privacy/accountants/rdp.py caches curves)",
-    "1 s": "the order of a PLD evaluation",
+    "0.1 ms": "the order of magnitude of an RDP evaluation (cached curves, dpgen/privacy/accountants/rdp.py)",
+    "1 s": "the order of magnitude of a PLD evaluation (privacy.md explains why PLD runs only at the end)",
 }
 
 TIME = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
