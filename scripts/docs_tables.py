@@ -79,6 +79,7 @@ CONSTANTS = {
     "5 s": "bench/gpu_check.py MIN_ROW_S for the other methods",
     "3 s": "bench/gpu_check.py's matmul reference runs about 3 s",
     "30 s": "make test lists every test not marked slow that took over 30 s (tests/conftest.py)",
+    "20 minutes": "the quick profiles' time goal on two CPU cores (configs/profile/quick.yaml, docs/usage.md)",
     "1 GiB": "MAX_GENERATOR_ELEMENTS of float32 (dpgen/core/untrusted.py)",
     "16 MiB": "MAX_GENERATOR_FILE_BYTES is 1 GiB + 16 MiB (dpgen/core/untrusted.py)",
     "80 GB": "the GPU memory of an H100 (the memory table's card)",
