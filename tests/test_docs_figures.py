@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docs import check_command, check_train_overrides, tokens
+from tests.test_docs import check_command, tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +48,10 @@ def test_current_rows_still_compose_the_config_they_were_measured_with():
 
 
 def test_utility_rows_are_well_formed_and_their_commands_compose():
+    """Each row's command is printed in docs/results.md's generated tables (checked against the data above), where
+    tests/test_docs.py composes it with Hydra and checks it against the schema: composing it here again would
+    double the cost of the slowest docs test."""
+    results = (ROOT / "docs" / "results.md").read_text()
     rows = dt.utility_rows()
     ids = [r.id for r in rows]
     assert len(ids) == len(set(ids)), "duplicate row ids"
@@ -72,7 +76,8 @@ def test_utility_rows_are_well_formed_and_their_commands_compose():
             errors.append(f"{where}: the command must be a scripts/train.py command")
         elif f"method={r.method}" not in words:
             errors.append(f"{where}: the command does not say method={r.method}")
-        errors += check_train_overrides(where, words[2:])
+        if f"`{r.command}`" not in results:
+            errors.append(f"{where}: its command is not in docs/results.md (run python scripts/docs_tables.py)")
     assert not errors, "\n".join(errors)
 
 
