@@ -372,8 +372,8 @@ BLOCKS = {
 def render(name: str) -> list[str]:
     if name in BLOCKS:
         return BLOCKS[name]()
-    doc, _, table_name = name.partition("-")  # cpu-<table>, gpu-<table>: a table of docs/data/<doc>.yaml
-    if doc in ("cpu", "gpu") and table_name:
+    doc, _, table_name = name.partition("-")  # <file>-<table>: docs/data/<file>.yaml's tables.<table>
+    if table_name and (DATA / f"{doc}.yaml").is_file() and table_name in (load(doc).get("tables") or {}):
         return _data_table(doc, table_name)
     raise KeyError(f"no generated block named {name!r}")
 

@@ -160,6 +160,18 @@ def test_a_hand_edit_of_a_generated_block_is_caught(tmp_path, monkeypatch):
     assert any("results-summary" in e for e in dt.stale_blocks())
 
 
+def test_a_table_of_any_data_file_is_a_generated_block(tmp_path, monkeypatch):
+    """``<!-- generated: <file>-<table> -->`` renders docs/data/<file>.yaml's ``tables.<table>``; an unknown
+    table is an error, never an empty block."""
+    (tmp_path / "audit.yaml").write_text(
+        "tables:\n  bounds:\n    columns: [[method, method], [eps_lb, ε_lb]]\n"
+        "    rows:\n      - {method: dpgan, eps_lb: 0.77}\n    after: one run per cell\n", encoding="utf-8")
+    monkeypatch.setattr(dt, "DATA", tmp_path)
+    assert dt.render("audit-bounds") == ["| method | ε_lb |", "|---|---|", "| dpgan | 0.77 |", "", "one run per cell"]
+    with pytest.raises(KeyError):
+        dt.render("audit-nothing")
+
+
 # ---- config comments ----------------------------------------------------------------------------------------
 
 def _config_comments():
