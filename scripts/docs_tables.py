@@ -51,7 +51,10 @@ END = "<!-- end generated -->"
 METRICS = ("g2r_cnn", "g2r_mlp", "g2r_cnn_selected", "g2r_mlp_selected", "r2g", "cnn_fid", "train_s")
 #: the scripts/train.py keys that change how a run is executed, not what it computes (left out of a config hash)
 RUNTIME_KEYS = ("hydra", "data_root", "threads", "progress", "device", "resume", "log_every", "checkpoint_every",
-                "tensorboard", "samples_per_class", "debug")
+                "tensorboard", "samples_per_class", "debug",
+                # how DP-SGD gets the per-record clipped sum: every backend computes the same sum within fp32's
+                # tolerance, with the same ledger (tests/test_feta_privacy.py compares them)
+                "dpgan.grad_backend", "feta.grad_backend")
 #: non-measured numbers that the pages quote, as written there, with where each is defined
 CONSTANTS = {
     "0.05": "collect.py flags a selected g2r reading more than 0.05 above the fixed one (dpgen/report.py)",
@@ -185,7 +188,12 @@ def config_hashes(commands: list[str]) -> dict[str, str]:
             cfg = compose("train", overrides=words[words.index("scripts/train.py") + 1:])
             data = OmegaConf.to_container(cfg, resolve=True)
             for key in RUNTIME_KEYS:
-                data.pop(key, None)
+                *parents, leaf = key.split(".")
+                node = data
+                for part in parents:
+                    node = node.get(part) if isinstance(node, dict) else None
+                if isinstance(node, dict):
+                    node.pop(leaf, None)
             out[command] = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return out
 
