@@ -415,8 +415,18 @@ def check_train_overrides(where: str, args: list[str], config: str = "train") ->
     """Config groups (``method=``, ``hydra/launcher=``, ``+experiment=``) are composed by Hydra, every value of each;
     every other key is set on the composed config as Hydra would, and the job's config is checked as
     scripts/train.py checks it (types, ranges, choices; no data). ``config``: the primary config (audit for
-    scripts/audit.py)."""
+    scripts/audit.py). A command quoted again (results.md's summary and per-draw tables) is checked once."""
+    return [e.replace(_WHERE, where, 1) for e in _train_override_errors(tuple(args), config)]
+
+
+_WHERE = "\0where\0"
+
+
+@functools.lru_cache(maxsize=None)
+def _train_override_errors(args: tuple[str, ...], config: str) -> tuple[str, ...]:
     from omegaconf import OmegaConf
+
+    where = _WHERE
 
     parsed = []  # (key as written, key, values, placeholder only)
     for a in args:
@@ -456,7 +466,7 @@ def check_train_overrides(where: str, args: list[str], config: str = "train") ->
         for raw, key, _, placeholder in parsed:
             if placeholder and not is_group(key) and OmegaConf.select(cfg, key, default=KeyError) is KeyError:
                 errors.append(f"{where}: {key}: not a key of the composed config")
-    return sorted(set(errors))
+    return tuple(sorted(set(errors)))
 
 
 # ---- quoted paths and Python names ---------------------------------------------------------------------------
