@@ -26,7 +26,7 @@ then, with a note; in subprocess mode the parent kills a child that is not back 
                                 [--budget S] [--set gswgan.pretrain_chunk=50 ...]
     python bench/gpu_profile.py --tiny        # CPU smoke test: tiny configs on the embedded digits
 
-Prints a Markdown table (and writes it to ``--out``) that README's "Running on GPUs and clusters" quotes.
+Prints a Markdown table (and writes it to ``--out``; docs/performance.md, "GPUs").
 bench/gpu_check.py calls :func:`profile_one` in one process for each precision/compile variant of four methods.
 """
 from __future__ import annotations

@@ -3,10 +3,10 @@
 audit.guesses=250 key=value ...]``.
 
 One training run (the config of scripts/train.py, every key; configs/audit.yaml adds the ``audit`` block) with
-m canaries in its mechanisms (Steinke, Nasr & Jagielski 2023; README "Auditing"). Besides the run's files it
+m canaries in its mechanisms (Steinke, Nasr & Jagielski 2023; docs/auditing.md). Besides the run's files it
 writes ``audit.json`` (claimed (ε, δ), canaries, guesses, correct guesses, ε_lb at the confidence, where the
 canaries were inserted) and ``audit/coins.npy`` (the secret coins; nowhere else), and ends with one line:
-``audit: dpgan eps=2 claimed, eps_lb=0.41 (95 %), 1000 canaries, 412/500 correct``.
+``audit: <method> eps=<ε> claimed, eps_lb=<bound> (95 %), <m> canaries, <right>/<guesses> correct``.
 
 Exit codes as scripts/train.py: 0 ok, 2 user error (one line on stderr, nothing written).
 """

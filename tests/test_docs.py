@@ -10,6 +10,9 @@
   with Hydra against configs/ and the schema, every value of a sweep and every ``a|b`` alternative included;
   placeholders such as ``<run dir>`` only need their key to exist.
 - Every repository path and ``dpgen.<module>.<name>`` quoted in code exists.
+- Every file reference in a config comment, in the help texts and docstrings of scripts/ and bench/, and in the
+  Makefile's comments exists, with the section (``docs/x.md, "A heading"``) or ``#anchor`` it names.
+- No user doc (README, CHANGELOG, docs/, config comments, scripts' help) cites a line number.
 
 A failure names the file, the line and the key or target.
 """
@@ -412,8 +415,18 @@ def check_train_overrides(where: str, args: list[str], config: str = "train") ->
     """Config groups (``method=``, ``hydra/launcher=``, ``+experiment=``) are composed by Hydra, every value of each;
     every other key is set on the composed config as Hydra would, and the job's config is checked as
     scripts/train.py checks it (types, ranges, choices; no data). ``config``: the primary config (audit for
-    scripts/audit.py)."""
+    scripts/audit.py). A command quoted again (results.md's summary and per-draw tables) is checked once."""
+    return [e.replace(_WHERE, where, 1) for e in _train_override_errors(tuple(args), config)]
+
+
+_WHERE = "\0where\0"
+
+
+@functools.lru_cache(maxsize=None)
+def _train_override_errors(args: tuple[str, ...], config: str) -> tuple[str, ...]:
     from omegaconf import OmegaConf
+
+    where = _WHERE
 
     parsed = []  # (key as written, key, values, placeholder only)
     for a in args:
@@ -453,7 +466,7 @@ def check_train_overrides(where: str, args: list[str], config: str = "train") ->
         for raw, key, _, placeholder in parsed:
             if placeholder and not is_group(key) and OmegaConf.select(cfg, key, default=KeyError) is KeyError:
                 errors.append(f"{where}: {key}: not a key of the composed config")
-    return sorted(set(errors))
+    return tuple(sorted(set(errors)))
 
 
 # ---- quoted paths and Python names ---------------------------------------------------------------------------
@@ -501,6 +514,77 @@ def check_doc(doc: Path) -> list[str]:
     for line, command in command_lines(doc):
         for words in tokens(command):
             errors += check_command(f"{_rel(doc)}:{line}", words)
+    return errors
+
+
+# ---- file references outside the pages: config comments, scripts' help, the Makefile -------------------------
+
+_FILE_REF = re.compile(
+    r"(?<![\w/.<-])(?P<file>(?:README|CHANGELOG)(?:\.md)?\b|(?:docs|configs|scripts|bench|tests|dpgen|notebooks)/"
+    r"[\w./<>*-]*[\w>*]|[\w-]+\.md\b)"
+    r"(?:#(?P<anchor>[\w-]+))?(?:(?:'s)?,?\s+(?:section\s+)?[\"“](?P<section>[^\"”]{2,80})[\"”])?")
+_LINE_NUMBER = re.compile(r"\b[\w/.-]+\.(?:py|md|yaml|ipynb|toml):\d+\b|\blines?\s+\d+(?:\s*[-–]\s*\d+)?\s+(?:of|in)\s+"
+                          r"[\w/.-]+\.(?:py|md|yaml|ipynb|toml)\b")
+
+
+def reference_texts() -> list[tuple[str, str]]:
+    """(where, text) of the texts besides the pages that cite files: config comments, the string literals of
+    scripts/, bench/ and the ``python -m dpgen...`` entry points (docstrings, help texts, usage lines), and the
+    Makefile's and sbatch scripts' comments."""
+    out = []
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "#" in line:
+                out.append((f"{_rel(path)}:{n}", line.split("#", 1)[1]))
+    entry_points = [p for p in (ROOT / "dpgen").rglob("*.py") if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
+    for path in sorted([*(ROOT / "scripts").rglob("*.py"), *(ROOT / "bench").glob("*.py"), *entry_points]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append((f"{_rel(path)}:{node.lineno}", node.value))
+    for path in sorted((ROOT / "scripts").rglob("*.sbatch")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("#") and not line.startswith("#SBATCH"):
+                out.append((f"{_rel(path)}:{n}", line))
+    for n, line in enumerate((ROOT / "Makefile").read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            out.append((f"Makefile:{n}", line))
+    return out
+
+
+#: files that scripts write (not repository files) which help texts name
+OUTPUT_FILES = {"results_vs_paper.md", "gpu_check.md", "gpu_profile.md"}
+
+
+def _resolve(name: str) -> Path | None:
+    """The file or folder a reference names (placeholders and globs must match something), or None."""
+    if name in ("README", "CHANGELOG"):
+        name += ".md"
+    pattern = re.sub(r"<[^<>]*>", "*", name)
+    for base in (ROOT, ROOT / "docs"):
+        hits = sorted(base.glob(pattern)) if "*" in pattern else [base / pattern] if (base / pattern).exists() else []
+        if hits:
+            return hits[0]
+    return None
+
+
+def check_references(where: str, text: str) -> list[str]:
+    errors = []
+    for m in _FILE_REF.finditer(text):
+        name = m.group("file")
+        if name.endswith(".") or "{" in name or name in OUTPUT_FILES:
+            continue
+        target = _resolve(name)
+        if target is None:
+            errors.append(f"{where}: {name} does not exist")
+            continue
+        if target.suffix != ".md" or "*" in name or "<" in name:
+            continue
+        section = " ".join(m.group("section").split()) if m.group("section") else None
+        for anchor in filter(None, (m.group("anchor"), section and slug(section))):
+            if anchor not in anchors(target):
+                errors.append(f"{where}: {name} has no section {section or '#' + anchor!r}")
+    for m in _LINE_NUMBER.finditer(text):
+        errors.append(f"{where}: cites a line number ({m.group(0)}); cite the file and section instead")
     return errors
 
 
@@ -576,3 +660,34 @@ def test_valid_references_pass(write_doc):
                     "python scripts/audit.py method=<m> dataset=digits eps=1,4,inf audit.canaries=1000 "
                     "audit.guesses=250\n```\n")
     assert check_doc(doc) == []
+
+
+def test_file_references_in_configs_scripts_and_the_makefile_exist():
+    errors = [e for where, text in reference_texts() for e in check_references(where, text)]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: _rel(p))
+def test_user_docs_cite_no_line_numbers(doc):
+    errors = [e for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+              for e in check_references(f"{_rel(doc)}:{n}", line) if "line number" in e]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("see README \"Auditing\"", "README has no section"),
+    ("(official-code.md section 1)", "official-code.md does not exist"),
+    ("docs/clusters.md, \"No such heading\"", "has no section"),
+    ("configs/method/nope.yaml", "does not exist"),
+    ("the check in dpgen/core/schema.py:120", "cites a line number"),
+    ("see line 12 of scripts/train.py", "cites a line number"),
+])
+def test_each_kind_of_dangling_reference_is_caught(text, expected):
+    errors = check_references("here", text)
+    assert any(expected in e for e in errors), errors
+
+
+def test_valid_references_pass():
+    text = ('docs/clusters.md, "Offline GPU nodes"; docs/usage.md#run-outputs; configs/method/<m>.yaml; '
+            'configs/method/*.yaml; dpgen/audit/; README.md; Alg. 1 line 9')
+    assert check_references("here", text) == []

@@ -1,4 +1,4 @@
-"""The GS-WGAN probe behind docs/results.md's "What limits the GS-WGAN family": its signal/noise is G's sanitised
+"""The GS-WGAN probe behind docs/results.md's "The GS-WGAN family": its signal/noise is G's sanitised
 update measured in parameter space, so it must scale as 1/z, and the probe must not disturb the run it watches."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Per-step signal and noise of the GS-WGAN-family generator update, per release path (docs/results.md, "What
-limits the GS-WGAN family"; docs/methods.md, "Signal and noise per release path").
+"""Per-step signal and noise of the GS-WGAN-family generator update, per release path (docs/results.md, "The
+GS-WGAN family"; docs/methods.md, "Signal and noise per release path").
 
 ``python -m dpgen.gswgan.diagnose --method {gswgan,dpac,efsgd} --eps 10 --steps 200 [--bases 49 196] [-- key=value ...]``
 (``python -m dpgen.dpac.diagnose`` is the same entry point) runs the method's real ``train()`` (profile=quick,
