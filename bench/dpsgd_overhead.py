@@ -25,6 +25,7 @@ loaded machine slows them alike (the ratios are meaningful under load, the milli
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
         [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper]
+        [--backends hooks,torch.func,ghost]
 
 ``--kernels N`` names what a private step adds: torch.profiler over one non-private and one private (hooks)
 step, then the N operators whose self time grows most from the first to the second (CPU operators on a CPU,
@@ -138,8 +139,9 @@ def noisy_step(params: list[torch.Tensor], grads: list[torch.Tensor], opt, clip:
     opt.step()
 
 
-def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
-    """One callable per variant, each on its own deep copy of the same initial weights."""
+def make_steps(bench: Bench, batch: tuple, compile_: bool = False, backends: tuple = BACKENDS) -> dict:
+    """One callable per variant (the non-private step and ``backends``), each on its own deep copy of the same
+    initial weights."""
     steps = {}
 
     plain = copy.deepcopy(bench)
@@ -153,7 +155,7 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
 
     steps["non-private"] = non_private
 
-    for mode in ("hooks", "functorch"):
+    for mode in [b for b in ("hooks", "functorch") if b in backends]:
         model = copy.deepcopy(bench)
         gsm = GradSampleModule(model, loss_reduction="sum", force_functorch=(mode == "functorch"))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -176,7 +178,8 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
         grads = per_sample({n: p.detach() for n, p in zip(names, params)}, *by_record)
         noisy_step(params, [grads[n] for n in names], opt, 1.0, 1.0)
 
-    steps["torch.func"] = func_step
+    if "torch.func" in backends:
+        steps["torch.func"] = func_step
 
     model = copy.deepcopy(bench)
     clipper = GhostClipper(model.net)
@@ -190,7 +193,8 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
             p.grad = s + torch.randn_like(p)
         g_opt.step()
 
-    steps["ghost"] = ghost_step
+    if "ghost" in backends:
+        steps["ghost"] = ghost_step
     if compile_:
         steps.update(compiled_steps(bench, batch))
     return steps
@@ -290,12 +294,17 @@ def main() -> None:
                     help="print the N operators the private (hooks and ghost) steps add")
     ap.add_argument("--multiplicity", type=int, default=1, help="feta_unet: K rows per record, averaged before clipping")
     ap.add_argument("--unet", default="quick", choices=("quick", "paper"), help="feta_unet: the profile's UNet")
+    ap.add_argument("--backends", default=",".join(BACKENDS),
+                    help=f"the private steps to time, a subset of {','.join(BACKENDS)} (--compile adds compiled)")
     a = ap.parse_args()
+    chosen = tuple(b for b in a.backends.split(",") if b)
+    if not chosen or set(chosen) - set(BACKENDS):
+        ap.error(f"--backends must name some of {', '.join(BACKENDS)}, got {a.backends!r}")
     device = torch.device(a.device)
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
     torch.manual_seed(0)
-    backends = BACKENDS + (COMPILED if a.compile else ())
+    backends = chosen + (COMPILED if a.compile else ())
     print(f"device {device}, batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}; feta_unet: K={a.multiplicity}, {a.unet} UNet")
     print(f"{'network':<10} {'params':>8} {'non-private ms':>15} " + " ".join(f"{b + ' ms':>14} {'ratio':>6}"
@@ -306,7 +315,7 @@ def main() -> None:
         bench, batch = build(a.batch, width, k, a.unet)
         bench, batch = bench.to(device), tuple(t.to(device) for t in batch)
         n_params = sum(p.numel() for p in bench.parameters() if p.requires_grad)
-        steps = make_steps(bench, batch, a.compile)
+        steps = make_steps(bench, batch, a.compile, chosen)
         times: dict[str, list[float]] = {k: [] for k in steps}
         failed: dict[str, str] = {}
         for k, fn in steps.items():  # warm-up (compiles; finds unsupported backends)

@@ -1,35 +1,39 @@
 """Per-record gradient norms and the clipped sum without per-record gradients where that is cheaper: mixed ghost
-clipping with book-keeping (Bu et al. 2022, "Scalable and efficient training of large convolutional neural
-networks with differential privacy", Alg. 1 and Eq. 2; Bu et al. 2023, "Differentially private optimization on
-large model at small cost", Alg. 1).
+clipping with book-keeping (Bu et al., NeurIPS 2022, "Scalable and efficient training of large convolutional
+neural networks with differential privacy": the ghost norm of a convolution and the per-layer choice; Bu et al.,
+ICML 2023, "Differentially private optimization on large model at small cost": book-keeping).
 
 One forward pass keeps every trainable layer's input (its activation ``a``) and one backward pass of the summed
 loss computes every layer's output gradient ``g``, and nothing else: the backward is taken with respect to the
 layers' outputs, so autograd skips the weight-gradient products a plain ``backward()`` would compute. A layer
-with weight W ∈ R^{p×d} and positions t (a convolution's output pixels, after unfolding its input into
-patches) gives record i the gradient Σ_t g_it a_itᵀ, whose squared norm is either
+with weight W ∈ R^{p×d} and positions t (a convolution's output pixels, its input unfolded into patches of d
+values) gives record i the gradient Σ_t g_it a_itᵀ, whose squared norm comes from one of (:func:`strategy`)
 
-* the ghost norm Σ_{t,t'} (a_it·a_it')(g_it·g_it') (cost ~T²(d+p) per record, no p×d tensor), or
-* the norm of the materialised gradient Gᵢᵀ Aᵢ (cost ~T·d·p, memory d·p per record),
+* the ghost norm Σ_{t,t'} (a_it·a_it')(g_it·g_it') (:data:`GHOST`: two T×T Gram matrices per record, ~T²(d+p)
+  multiply-adds, no p×d tensor), the clipped sum then by book-keeping (Bu et al. 2023): Σ_i c_i Gᵢᵀ Aᵢ = (c⊙G)ᵀA,
+  the layer's ordinary weight gradient of the scaled output gradients, one product;
+* the materialised gradient Gᵢᵀ Aᵢ (~T·d·p multiply-adds, d·p floats per record), from the patches and a batched
+  product (:data:`PATCHES`) or, for a convolution, from a convolution with one group per record
+  (:data:`GROUPED`, which needs no unfolded copy of the input); the clipped sum is then Σ_i c_i Pᵢ.
 
-whichever costs fewer operations for the layer's shapes (:func:`prefer_ghost`). A record may hold several rows
-(feta's K diffusion draws, whose gradient is averaged before clipping): its positions are then the K·T
-positions of its rows, and the rule counts them. Norm layers (GroupNorm) and biases have C-sized per-record
-gradients, which are materialised. Given each record's clipping factor c_i, book-keeping (Bu et al. 2023)
-gives the clipped sum without a second backward: Σ_i c_i Gᵢᵀ Aᵢ = (c⊙G)ᵀA, one product per layer (or, for a
-materialised layer, Σ_i c_i Pᵢ).
+The ghost norm is taken where it costs fewer operations than the materialised gradient (:func:`prefer_ghost`,
+Bu et al. 2022's mixed ghost clipping). A record may hold several rows (feta's K diffusion draws, whose
+gradient is averaged before clipping): its positions are then the K·T positions of its rows, its Gram
+matrices span them all, and the rule counts them. Norm layers (GroupNorm) and biases have C-sized per-record
+gradients, which are materialised. No second backward pass is run.
 
 The per-record gradient this defines is exactly the one torch.func's vmap(grad) returns
 (:func:`dpgen.privacy.per_sample.per_record_grads`) when records do not interact in the forward pass (no batch
 statistics: the DP-trained networks have no BatchNorm); norms, factors and sums are computed in fp32 with
 autocast off, whatever dtype the forward ran in.
 
-Supported trainable layers: ``nn.Linear``, ``nn.Conv2d`` (zeros padding), ``nn.Embedding`` and ``nn.GroupNorm``;
-any other module owning a trainable parameter is refused when the :class:`GhostClipper` is built.
+Supported trainable layers: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, one group), ``nn.Embedding`` and
+``nn.GroupNorm`` (opacus' ghost clipping has norm samplers for Linear and Embedding only); any other module
+owning a trainable parameter is refused when the :class:`GhostClipper` is built.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -43,7 +47,7 @@ __all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "SUPPORTED", 
 #: the layer types that may own trainable parameters (every parameterised layer of dpgan's D and feta's UNet)
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.Embedding, nn.GroupNorm)
 
-#: (input, output gradient) of one call of a layer: the output gradient is None where the loss does not reach it
+#: (input, output gradient) of one call of a layer (zeros where the loss does not reach the output)
 Call = tuple[torch.Tensor, torch.Tensor]
 
 
