@@ -151,9 +151,11 @@ def _conv_record_grads(m: nn.Conv2d, x: torch.Tensor, g: torch.Tensor, records: 
 def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
     """The input's patches (records, d, K·T): column t of record i is the patch that output position t of one of
     its K rows sees (F.unfold's layout with a record's rows side by side), one strided copy of the padded input
-    (faster than F.unfold on a CPU, which loops over the rows)."""
+    (faster than F.unfold on a CPU, which loops over the rows); ``records`` = rows: each row's patches."""
     rows, cin, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
+    if rows == records and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
+        return x.flatten(2)  # a 1×1 convolution's patches are its input
     xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     k = rows // records
@@ -176,18 +178,20 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.
     rows = calls[0][1].shape[0] // records
     out = []
     how = rule(m, rows, sum(gz[0, 0].numel() for _, gz in calls), d, p)
-    if m.weight.requires_grad and how in (GHOST, PATCHES):
+    if m.weight.requires_grad and how == GHOST:
         a = _cat([_conv_patches(m, x, records) for x, _ in calls], dim=2)  # (records, d, K·T)
         g = _cat([_record_columns(gz, records) for _, gz in calls], dim=2)  # (records, p, K·T)
-        if how == GHOST:
-            def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: the convolution's weight gradient of c⊙G
-                return sum(torch.ops.aten.convolution_backward(
-                    _per_row(c, gz, records), x, m.weight.detach().float(), None, m.stride, m.padding, m.dilation,
-                    False, [0, 0], 1, [False, True, False])[1] for x, gz in calls)
-            a_gram, g_gram = torch.bmm(a.transpose(1, 2), a), torch.bmm(g.transpose(1, 2), g)
-            out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
-        else:
-            out.append((m.weight, _materialised(torch.bmm(g, a.transpose(1, 2)).reshape(records, *m.weight.shape))))
+
+        def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: the convolution's weight gradient of c⊙G
+            return sum(torch.ops.aten.convolution_backward(
+                _per_row(c, gz, records), x, m.weight.detach().float(), None, m.stride, m.padding, m.dilation,
+                False, [0, 0], 1, [False, True, False])[1] for x, gz in calls)
+        a_gram, g_gram = torch.bmm(a.transpose(1, 2), a), torch.bmm(g.transpose(1, 2), g)
+        out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
+    elif m.weight.requires_grad and how == PATCHES:  # each row's gradient from its patches, summed per record
+        out.append((m.weight, _materialised(sum(
+            _record_sum(torch.bmm(gz.flatten(2), _conv_patches(m, x, rows * records).transpose(1, 2)), records)
+            for x, gz in calls).reshape(records, *m.weight.shape))))
     elif m.weight.requires_grad:
         out.append((m.weight, _materialised(sum(_conv_record_grads(m, x, gz, records) for x, gz in calls))))
     if m.bias is not None and m.bias.requires_grad:
