@@ -33,8 +33,9 @@ owning a trainable parameter is refused when the :class:`GhostClipper` is built.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,11 @@ def _record_sum(t: torch.Tensor, records: int) -> torch.Tensor:
     return t.reshape(records, -1, *t.shape[1:]).sum(1)
 
 
+def _total(parts: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The sum of the calls' tensors; one call's tensor as it is (Python's sum would copy it, adding it to 0)."""
+    return functools.reduce(torch.add, parts)
+
+
 def _cat(parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     """The calls' positions side by side (along ``dim``); one call's tensor as it is (no copy)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
@@ -142,7 +148,7 @@ def _conv_record_grads(m: nn.Conv2d, x: torch.Tensor, g: torch.Tensor, records: 
     k, p = rows // records, m.out_channels
     xg = x.reshape(records, k, cin, h, w).transpose(0, 1).reshape(k, records * cin, h, w)
     gg = g.reshape(records, k, p, *g.shape[2:]).transpose(0, 1).reshape(k, records * p, *g.shape[2:])
-    weight = x.new_zeros((records * p, *m.weight.shape[1:]))  # its values are not read for the weight gradient
+    weight = x.new_empty(1).expand(records * p, *m.weight.shape[1:])  # its shape only (as torch.nn.grad does)
     grad = torch.ops.aten.convolution_backward(gg, xg, weight, None, m.stride, m.padding, m.dilation, False,
                                                [0, 0], records, [False, True, False])[1]
     return grad.reshape(records, *m.weight.shape)
@@ -183,19 +189,19 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.
         g = _cat([_record_columns(gz, records) for _, gz in calls], dim=2)  # (records, p, K·T)
 
         def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: the convolution's weight gradient of c⊙G
-            return sum(torch.ops.aten.convolution_backward(
-                _per_row(c, gz, records), x, m.weight.detach().float(), None, m.stride, m.padding, m.dilation,
-                False, [0, 0], 1, [False, True, False])[1] for x, gz in calls)
+            return _total(torch.ops.aten.convolution_backward(
+                _per_row(c, gz, records), x, x.new_empty(1).expand(m.weight.shape), None, m.stride, m.padding,
+                m.dilation, False, [0, 0], 1, [False, True, False])[1] for x, gz in calls)
         a_gram, g_gram = torch.bmm(a.transpose(1, 2), a), torch.bmm(g.transpose(1, 2), g)
         out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
     elif m.weight.requires_grad and how == PATCHES:  # each row's gradient from its patches, summed per record
-        out.append((m.weight, _materialised(sum(
+        out.append((m.weight, _materialised(_total(
             _record_sum(torch.bmm(gz.flatten(2), _conv_patches(m, x, rows * records).transpose(1, 2)), records)
             for x, gz in calls).reshape(records, *m.weight.shape))))
     elif m.weight.requires_grad:
-        out.append((m.weight, _materialised(sum(_conv_record_grads(m, x, gz, records) for x, gz in calls))))
+        out.append((m.weight, _materialised(_total(_conv_record_grads(m, x, gz, records) for x, gz in calls))))
     if m.bias is not None and m.bias.requires_grad:
-        out.append((m.bias, _materialised(sum(_record_sum(gz.sum((2, 3)), records) for _, gz in calls))))
+        out.append((m.bias, _materialised(_total(_record_sum(gz.sum((2, 3)), records) for _, gz in calls))))
     return out
 
 
@@ -229,9 +235,9 @@ def _group_norm(m: nn.GroupNorm, calls: list[Call], records: int, rule) -> list[
         gb.append(_record_sum(gz.flatten(2).sum(2), records))
     out = []
     if m.weight.requires_grad:
-        out.append((m.weight, _materialised(sum(gw))))
+        out.append((m.weight, _materialised(_total(gw))))
     if m.bias is not None and m.bias.requires_grad:
-        out.append((m.bias, _materialised(sum(gb))))
+        out.append((m.bias, _materialised(_total(gb))))
     return out
 
 
