@@ -153,6 +153,8 @@ def test_the_rule_counts_a_records_k_rows():
     assert strategy(conv, 1, 16, 576, 64) == GHOST and prefer_ghost(16, 576, 64)
     assert strategy(conv, 32, 16, 576, 64) == PATCHES and not prefer_ghost(512, 576, 64)
     assert strategy(nn.Conv2d(8, 8, 3, padding=1), 1, 784, 72, 8) == GROUPED
+    # dpgan's 32 -> 64 convolution (49 output positions): the patches, not a grouped convolution
+    assert strategy(nn.Conv2d(32, 64, 3, 2, 1), 1, 49, 288, 64) == PATCHES
     assert strategy(nn.Linear(32, 16), 1, 1, 32, 16) == GHOST and strategy(nn.Linear(32, 16), 32, 1, 32, 16) == PATCHES
 
 

@@ -70,14 +70,15 @@ def prefer_ghost(positions: int, d: int, p: int) -> bool:
 def strategy(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
     """The default choice for a weight with ``d`` inputs and ``p`` outputs per position, ``positions`` positions per
     row and ``rows`` rows per record: :data:`GHOST` where :func:`prefer_ghost` says so; otherwise the materialised
-    gradient, from a grouped convolution (:data:`GROUPED`) for a convolution of more than 16 output positions
+    gradient, from a grouped convolution (:data:`GROUPED`) for a convolution of more than 64 output positions
     and fewer than 128 outputs, else from the patches (:data:`PATCHES`; a 1×1 convolution's patches are its
     input, no copy). On a CPU the grouped convolution's weight gradient is 1.1–2× the plain convolution's where
     unfolding the input costs 2–8× (bench/dpsgd_overhead.py's layers, docs/performance.md); it is slow for
-    small outputs, where the unfolded input is small."""
+    small outputs, where the unfolded input is small: for dpgan's 32 → 64 convolution (49 positions) the
+    patches and a batched product take about 0.8× its CPU time."""
     if prefer_ghost(rows * positions, d, p):
         return GHOST
-    if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1) and positions > 16 and p < 128:
+    if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1) and positions > 64 and p < 128:
         return GROUPED
     return PATCHES
 
@@ -107,8 +108,9 @@ def _per_row(c: torch.Tensor, t: torch.Tensor, records: int) -> torch.Tensor:
 
 
 def _record_sum(t: torch.Tensor, records: int) -> torch.Tensor:
-    """(rows, ...) → (records, ...): the sum of each record's consecutive rows."""
-    return t.reshape(records, -1, *t.shape[1:]).sum(1)
+    """(rows, ...) → (records, ...): the sum of each record's consecutive rows; ``t`` itself when every record
+    has one row (a sum over one row would copy it)."""
+    return t if t.shape[0] == records else t.reshape(records, -1, *t.shape[1:]).sum(1)
 
 
 def _total(parts: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -171,10 +173,26 @@ def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
     return view.reshape(records, cin * kh * kw, k * ho * wo)
 
 
-def _record_columns(g: torch.Tensor, records: int) -> torch.Tensor:
-    """A convolution's output gradient (rows, p, H, W) as (records, p, K·T), a record's rows side by side."""
+def _conv_patches_last(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
+    """The input's patches (records, K·T, d) with each patch's values in (kh, kw, cin) order: row t of record i is
+    the patch that output position t of one of its K rows sees. One copy of the padded input in channels-last
+    layout, then one copy whose innermost runs are a pixel's cin contiguous channels (the channels-first patches'
+    innermost runs are single strided values)."""
+    rows, cin, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
+    xp = F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()  # (rows, H, W, cin)
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    k = rows // records
+    sn, sy, sx, sc = xp.stride()
+    view = xp.as_strided((records, k, ho, wo, kh, kw, cin), (k * sn, sn, sh * sy, sw * sx, dh * sy, dw * sx, sc),
+                         xp.storage_offset())
+    return view.reshape(records, k * ho * wo, kh * kw * cin)
+
+
+def _record_rows(g: torch.Tensor, records: int) -> torch.Tensor:
+    """A convolution's output gradient (rows, p, H, W) as (records, K·T, p), a record's rows one after another."""
     rows, p = g.shape[:2]
-    return g.reshape(records, rows // records, p, -1).transpose(1, 2).reshape(records, p, -1)
+    return g.reshape(records, rows // records, p, -1).transpose(2, 3).reshape(records, -1, p)
 
 
 def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
@@ -185,14 +203,14 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.
     out = []
     how = rule(m, rows, sum(gz[0, 0].numel() for _, gz in calls), d, p)
     if m.weight.requires_grad and how == GHOST:
-        a = _cat([_conv_patches(m, x, records) for x, _ in calls], dim=2)  # (records, d, K·T)
-        g = _cat([_record_columns(gz, records) for _, gz in calls], dim=2)  # (records, p, K·T)
+        a = _cat([_conv_patches_last(m, x, records) for x, _ in calls])  # (records, K·T, d), d in (kh, kw, cin)
+        g = _cat([_record_rows(gz, records) for _, gz in calls])  # (records, K·T, p)
+        kh, kw = m.kernel_size
 
-        def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: the convolution's weight gradient of c⊙G
-            return _total(torch.ops.aten.convolution_backward(
-                _per_row(c, gz, records), x, x.new_empty(1).expand(m.weight.shape), None, m.stride, m.padding,
-                m.dilation, False, [0, 0], 1, [False, True, False])[1] for x, gz in calls)
-        a_gram, g_gram = torch.bmm(a.transpose(1, 2), a), torch.bmm(g.transpose(1, 2), g)
+        def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: (c⊙G)ᵀA over all positions, one product
+            return torch.mm(_per_row(c, g, records).flatten(0, 1).t(), a.flatten(0, 1)) \
+                .reshape(p, kh, kw, -1).permute(0, 3, 1, 2)
+        a_gram, g_gram = torch.bmm(a, a.transpose(1, 2)), torch.bmm(g, g.transpose(1, 2))
         out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
     elif m.weight.requires_grad and how == PATCHES:  # each row's gradient from its patches, summed per record
         out.append((m.weight, _materialised(_total(
