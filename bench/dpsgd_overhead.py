@@ -22,10 +22,12 @@ before clipping, as feta does: ``--batch`` then counts records, each of K rows, 
 paper profile's UNet (nf 32, ch_mult 2,2, two residual blocks, attention at 14) instead of the quick one.
 All variants of a network run in this process, on the same weights and batch, interleaved rep by rep, so a
 loaded machine slows them alike (the ratios are meaningful under load, the milliseconds are not).
+``--cpu-time`` adds a line per network with the ratios of the steps' CPU time in this thread (CPU only, one
+thread): time the other jobs take from this one is not counted, what they take from its caches still is.
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
         [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper]
-        [--backends hooks,torch.func,ghost]
+        [--backends hooks,torch.func,ghost] [--cpu-time]
 
 ``--kernels N`` names what a private step adds: torch.profiler over one non-private and one private (hooks)
 step, then the N operators whose self time grows most from the first to the second (CPU operators on a CPU,
@@ -253,6 +255,14 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
     return {"non-private compiled": non_private_compiled, "compiled": compiled_step}
 
 
+def cpu_ratios(cpu: dict[str, list[float]]) -> str:
+    """Each variant's median thread CPU time and its ratio to the non-private step's."""
+    med = {k: sorted(v)[len(v) // 2] for k, v in cpu.items() if v}
+    base = med["non-private"]
+    return ", ".join(f"{k} {v * 1e3:.1f} ms" + ("" if k == "non-private" else f" ({v / base:.2f})")
+                     for k, v in med.items())
+
+
 def profiled_ops(fn, device: torch.device) -> tuple[dict[str, float], float]:
     """Self time (s) per operator/kernel over one call of ``fn`` (device time on CUDA, CPU time otherwise),
     and the call's total of those self times."""
@@ -296,11 +306,15 @@ def main() -> None:
     ap.add_argument("--unet", default="quick", choices=("quick", "paper"), help="feta_unet: the profile's UNet")
     ap.add_argument("--backends", default=",".join(BACKENDS),
                     help=f"the private steps to time, a subset of {','.join(BACKENDS)} (--compile adds compiled)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="also print the ratios of the steps' thread CPU time (CPU, --threads 1 only)")
     a = ap.parse_args()
     chosen = tuple(b for b in a.backends.split(",") if b)
     if not chosen or set(chosen) - set(BACKENDS):
         ap.error(f"--backends must name some of {', '.join(BACKENDS)}, got {a.backends!r}")
     device = torch.device(a.device)
+    if a.cpu_time and (device.type != "cpu" or a.threads != 1):
+        ap.error("--cpu-time times this thread only: it needs --device cpu and --threads 1")
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
     torch.manual_seed(0)
@@ -317,6 +331,7 @@ def main() -> None:
         n_params = sum(p.numel() for p in bench.parameters() if p.requires_grad)
         steps = make_steps(bench, batch, a.compile, chosen)
         times: dict[str, list[float]] = {k: [] for k in steps}
+        cpu: dict[str, list[float]] = {k: [] for k in steps}
         failed: dict[str, str] = {}
         for k, fn in steps.items():  # warm-up (compiles; finds unsupported backends)
             try:
@@ -329,10 +344,11 @@ def main() -> None:
                 if k in failed:
                     continue
                 _sync(device)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 fn()
                 _sync(device)
                 times[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.thread_time() - c0)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
         base = med["non-private"]
         cells = []
@@ -340,6 +356,8 @@ def main() -> None:
             cells.append(f"{'failed':>14} {'–':>6}" if b not in med else f"{med[b] * 1e3:>14.1f} {med[b] / base:>6.2f}")
         fastest = min((b for b in backends if b in med), key=med.get)
         print(f"{name:<10} {n_params:>8} {base * 1e3:>15.1f} " + " ".join(cells) + f"  {fastest}")
+        if a.cpu_time:
+            print(f"  {name} thread CPU time: " + cpu_ratios(cpu))
         if "compiled" in med and "non-private compiled" in med:
             c = med["non-private compiled"]
             print(f"  {name} compile=true: non-private {c * 1e3:.1f} ms, private {med['compiled'] * 1e3:.1f} ms, "

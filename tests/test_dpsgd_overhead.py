@@ -18,6 +18,11 @@ def test_added_ops_ranks_growth_and_drops_shrinking_ops():
     assert not any("relu" in line for line in lines)
 
 
+def test_cpu_ratios_divide_medians_by_the_non_private_median():
+    line = bench.cpu_ratios({"non-private": [0.010, 0.020, 0.030], "ghost": [0.033, 0.026, 0.900]})
+    assert line == "non-private 20.0 ms, ghost 33.0 ms (1.65)"
+
+
 def test_profiled_ops_sees_a_matmul_on_the_cpu():
     a = torch.randn(64, 64)
     ops, total = bench.profiled_ops(lambda: a @ a, torch.device("cpu"))
