@@ -9,17 +9,25 @@ Backends for the per-sample gradients:
   hooks      opacus GradSampleModule, grad_sample_mode="hooks" (what the methods use today)
   functorch  opacus GradSampleModule with force_functorch=True (opacus' grad_sample_mode="functorch")
   torch.func vmap(grad(per-sample loss)) over torch.func.functional_call
+  ghost      dpgen.privacy.ghost.GhostClipper: per-record norms by ghost norm or materialised gradient per layer,
+             the clipped sum by book-keeping (no per-record gradient of a ghost layer, no second backward)
   compiled   torch.func's per-sample gradients, norms, clipping and clipped sum in one torch.compile'd function
              (inductor; what ``compile=true`` runs: dpgen.feta.dpsgd.MicroStep, dpgen.dpgan.compiled.PerSampleD)
 Every private step does the same clipping (per-sample norm over all trained parameters), summing,
 Gaussian noise and optimizer step, so the ratios differ only by how per-sample gradients are obtained.
 With ``--compile`` the non-private step is compiled too (its forward and backward: ``compile=true``'s
 non-private counterpart) and a second ratio, compiled private / compiled non-private, is printed.
+``--multiplicity K`` (feta_unet only) gives every record K rows (feta's diffusion draws) whose losses are averaged
+before clipping, as feta does: ``--batch`` then counts records, each of K rows, and ``--unet paper`` builds the
+paper profile's UNet (nf 32, ch_mult 2,2, two residual blocks, attention at 14) instead of the quick one.
 All variants of a network run in this process, on the same weights and batch, interleaved rep by rep, so a
 loaded machine slows them alike (the ratios are meaningful under load, the milliseconds are not).
+``--cpu-time`` adds a line per network with the ratios of the steps' CPU time in this thread (CPU only, one
+thread): time the other jobs take from this one is not counted, what they take from its caches still is.
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
-        [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8]
+        [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper]
+        [--backends hooks,torch.func,ghost] [--cpu-time]
 
 ``--kernels N`` names what a private step adds: torch.profiler over one non-private and one private (hooks)
 step, then the N operators whose self time grows most from the first to the second (CPU operators on a CPU,
@@ -41,24 +49,30 @@ from torch.func import functional_call, grad, vmap
 from dpgen.dpaf.nets import DpafNet, sin
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.nets.unet import UNet
+from dpgen.privacy.ghost import GhostClipper
 
-BACKENDS = ("hooks", "functorch", "torch.func")
+BACKENDS = ("hooks", "functorch", "torch.func", "ghost")
 COMPILED = ("compiled",)
 K, SHAPE = 10, [1, 28, 28]
 
 
 class Bench(nn.Module):
-    """A network plus its per-sample loss: forward(*batch) -> loss of each row (shape [B])."""
+    """A network plus its per-sample loss: forward(*batch) -> loss of each row (shape [rows]); ``k`` rows per
+    record (consecutive), whose losses a record averages before clipping."""
 
-    def __init__(self, net: nn.Module, loss) -> None:
+    def __init__(self, net: nn.Module, loss, k: int = 1) -> None:
         super().__init__()
-        self.net, self.loss = net, loss
+        self.net, self.loss, self.k = net, loss, int(k)
 
     def forward(self, *batch):
         return self.loss(self.net, *batch)
 
+    def records(self, *batch):
+        """The per-record losses: each record's mean over its k rows."""
+        return self(*batch).reshape(-1, self.k).mean(1)
 
-def dpgan_d(batch: int, width: int):
+
+def dpgan_d(batch: int, width: int, k: int = 1, unet: str = "quick"):
     def loss(net, x, y, t):
         return F.binary_cross_entropy_with_logits(net(x, y), t, reduction="none")
 
@@ -81,7 +95,7 @@ class VmapDpafNet(DpafNet):
         return sin(self.conv2(h), sin_eps)
 
 
-def dpaf_c(batch: int, width: int):
+def dpaf_c(batch: int, width: int, k: int = 1, unet: str = "quick"):
     def loss(net, x, y):  # sound phase 1: per-sample MSE of the class-proportion output to the one-hot label
         return ((net.score(net.features(x)).softmax(1) - torch.eye(K, device=y.device)[y]) ** 2).sum(1)
 
@@ -89,7 +103,7 @@ def dpaf_c(batch: int, width: int):
         (torch.rand(batch, *SHAPE), torch.randint(0, K, (batch,)))
 
 
-def dpaf_d(batch: int, width: int):
+def dpaf_d(batch: int, width: int, k: int = 1, unet: str = "quick"):
     def loss(net, x, y, t):  # conv2* through D̂ (no aggregation), conv1 frozen
         return F.binary_cross_entropy_with_logits(net.score(net.features(x, y)), t, reduction="none")
 
@@ -100,14 +114,19 @@ def dpaf_d(batch: int, width: int):
     return Bench(net, loss), (torch.rand(batch, *SHAPE), torch.randint(0, K, (batch,)), t)
 
 
-def feta_unet(batch: int, width: int):
+def feta_unet(batch: int, width: int, k: int = 1, unet: str = "quick"):
     def loss(net, x, y, sigma, n):  # EDM-style denoising loss on fixed noise levels (preconditioning left out)
         out = net(x + sigma[:, None, None, None] * n, sigma.log() / 4, y)
         return ((out - x) ** 2).flatten(1).mean(1)
 
-    net = UNet(1, 28, K, nf=width, ch_mult=(1, 2), num_res_blocks=1, attn_res=(7,))
-    x = torch.rand(batch, *SHAPE) * 2 - 1
-    return Bench(net, loss), (x, torch.randint(0, K, (batch,)), torch.rand(batch) * 5 + 0.1, torch.randn_like(x))
+    if unet == "paper":  # configs/method/feta.yaml, profile=paper on 28 px
+        net = UNet(1, 28, K, nf=32, ch_mult=(2, 2), num_res_blocks=2, attn_res=(14,))
+    else:
+        net = UNet(1, 28, K, nf=width, ch_mult=(1, 2), num_res_blocks=1, attn_res=(7,))
+    rows = batch * k
+    x = (torch.rand(batch, *SHAPE) * 2 - 1).repeat_interleave(k, 0)  # a record's K rows: one image, K draws
+    y = torch.randint(0, K, (batch,)).repeat_interleave(k, 0)
+    return Bench(net, loss, k), (x, y, torch.rand(rows) * 5 + 0.1, torch.randn_like(x))
 
 
 NETS = {"dpgan_D": (dpgan_d, 32), "dpaf_C": (dpaf_c, 16), "dpaf_D": (dpaf_d, 16), "feta_unet": (feta_unet, 8)}
@@ -122,8 +141,9 @@ def noisy_step(params: list[torch.Tensor], grads: list[torch.Tensor], opt, clip:
     opt.step()
 
 
-def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
-    """One callable per variant, each on its own deep copy of the same initial weights."""
+def make_steps(bench: Bench, batch: tuple, compile_: bool = False, backends: tuple = BACKENDS) -> dict:
+    """One callable per variant (the non-private step and ``backends``), each on its own deep copy of the same
+    initial weights."""
     steps = {}
 
     plain = copy.deepcopy(bench)
@@ -132,12 +152,12 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
 
     def non_private():
         p_opt.zero_grad(set_to_none=True)
-        plain(*batch).sum().backward()
+        plain.records(*batch).sum().backward()
         p_opt.step()
 
     steps["non-private"] = non_private
 
-    for mode in ("hooks", "functorch"):
+    for mode in [b for b in ("hooks", "functorch") if b in backends]:
         model = copy.deepcopy(bench)
         gsm = GradSampleModule(model, loss_reduction="sum", force_functorch=(mode == "functorch"))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -147,36 +167,57 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False) -> dict:
             opt.zero_grad(set_to_none=True)
             for p in params:
                 p.grad_sample = None
-            gsm(*batch).sum().backward()
-            noisy_step(params, [p.grad_sample for p in params], opt, 1.0, 1.0)
+            (gsm(*batch).sum() / bench.k).backward()  # per-row grad_sample, summed over a record's k rows below
+            noisy_step(params, [p.grad_sample.reshape(-1, bench.k, *p.shape).sum(1) for p in params], opt, 1.0, 1.0)
 
         steps[mode] = opacus_step
 
     names, params, opt, one_loss = functional_copy(bench)
     per_sample = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(batch))
+    by_record = records_of(batch, bench.k)
 
     def func_step():
-        grads = per_sample({n: p.detach() for n, p in zip(names, params)}, *batch)
+        grads = per_sample({n: p.detach() for n, p in zip(names, params)}, *by_record)
         noisy_step(params, [grads[n] for n in names], opt, 1.0, 1.0)
 
-    steps["torch.func"] = func_step
+    if "torch.func" in backends:
+        steps["torch.func"] = func_step
+
+    model = copy.deepcopy(bench)
+    clipper = GhostClipper(model.net)
+    g_params = [p for p in model.parameters() if p.requires_grad]
+    g_opt = torch.optim.SGD(g_params, lr=1e-4)
+
+    def ghost_step():
+        rec = clipper.record(lambda: model.records(*batch))
+        scale = (1.0 / (rec.norms + 1e-6)).clamp(max=1.0)
+        for p, s in zip(g_params, rec.clipped_sum(scale)):
+            p.grad = s + torch.randn_like(p)
+        g_opt.step()
+
+    if "ghost" in backends:
+        steps["ghost"] = ghost_step
     if compile_:
         steps.update(compiled_steps(bench, batch))
     return steps
 
 
+def records_of(batch: tuple, k: int) -> tuple:
+    """The batch's tensors with records on dim 0 and each record's k rows on dim 1 (what vmap maps over)."""
+    return tuple(t.reshape(-1, k, *t.shape[1:]) for t in batch)
+
+
 def functional_copy(bench: Bench) -> tuple:
     """A copy of ``bench`` for torch.func: its trainable parameters' names and tensors, an SGD over them, and the
-    loss of one row as a function of the trainable parameters (vmap strips the batch dimension; the network
-    expects one, so each row is a batch of one)."""
+    loss of one record (its k rows, :func:`records_of`) as a function of the trainable parameters."""
     model = copy.deepcopy(bench)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
     buffers = dict(model.named_buffers())
 
-    def one_loss(train: dict, *row):
-        return functional_call(model, ({**train, **frozen}, buffers), tuple(r.unsqueeze(0) for r in row)).sum()
+    def one_loss(train: dict, *rows):
+        return functional_call(model, ({**train, **frozen}, buffers), rows).mean()
 
     return names, params, torch.optim.SGD(params, lr=1e-4), one_loss
 
@@ -187,7 +228,7 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
     plain = copy.deepcopy(bench)
     p_params = [p for p in plain.parameters() if p.requires_grad]
     p_opt = torch.optim.SGD(p_params, lr=1e-4)
-    loss_fn = torch.compile(lambda *b: plain(*b).sum(), dynamic=False)
+    loss_fn = torch.compile(lambda *b: plain.records(*b).sum(), dynamic=False)
 
     def non_private_compiled():
         p_opt.zero_grad(set_to_none=True)
@@ -195,6 +236,7 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
         p_opt.step()
 
     names, params, opt, one_loss = functional_copy(bench)
+    by_record = records_of(batch, bench.k)
 
     def clipped_sum(*b):
         grads = vmap(grad(one_loss), in_dims=(None,) + (0,) * len(b))({n: p.detach() for n, p in zip(names, params)}, *b)
@@ -206,11 +248,19 @@ def compiled_steps(bench: Bench, batch: tuple) -> dict:
     summed = torch.compile(clipped_sum, dynamic=False)
 
     def compiled_step():
-        for p, s in zip(params, summed(*batch)):
+        for p, s in zip(params, summed(*by_record)):
             p.grad = s + torch.randn_like(p)
         opt.step()
 
     return {"non-private compiled": non_private_compiled, "compiled": compiled_step}
+
+
+def cpu_ratios(cpu: dict[str, list[float]]) -> str:
+    """Each variant's median thread CPU time and its ratio to the non-private step's."""
+    med = {k: sorted(v)[len(v) // 2] for k, v in cpu.items() if v}
+    base = med["non-private"]
+    return ", ".join(f"{k} {v * 1e3:.1f} ms" + ("" if k == "non-private" else f" ({v / base:.2f})")
+                     for k, v in med.items())
 
 
 def profiled_ops(fn, device: torch.device) -> tuple[dict[str, float], float]:
@@ -250,24 +300,38 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--nets", default=",".join(NETS))
-    ap.add_argument("--kernels", type=int, default=0, help="print the N operators the private (hooks) step adds")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="print the N operators the private (hooks and ghost) steps add")
+    ap.add_argument("--multiplicity", type=int, default=1, help="feta_unet: K rows per record, averaged before clipping")
+    ap.add_argument("--unet", default="quick", choices=("quick", "paper"), help="feta_unet: the profile's UNet")
+    ap.add_argument("--backends", default=",".join(BACKENDS),
+                    help=f"the private steps to time, a subset of {','.join(BACKENDS)} (--compile adds compiled)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="also print the ratios of the steps' thread CPU time (CPU, --threads 1 only)")
     a = ap.parse_args()
+    chosen = tuple(b for b in a.backends.split(",") if b)
+    if not chosen or set(chosen) - set(BACKENDS):
+        ap.error(f"--backends must name some of {', '.join(BACKENDS)}, got {a.backends!r}")
     device = torch.device(a.device)
+    if a.cpu_time and (device.type != "cpu" or a.threads != 1):
+        ap.error("--cpu-time times this thread only: it needs --device cpu and --threads 1")
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
     torch.manual_seed(0)
-    backends = BACKENDS + (COMPILED if a.compile else ())
+    backends = chosen + (COMPILED if a.compile else ())
     print(f"device {device}, batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}; feta_unet: K={a.multiplicity}, {a.unet} UNet")
     print(f"{'network':<10} {'params':>8} {'non-private ms':>15} " + " ".join(f"{b + ' ms':>14} {'ratio':>6}"
                                                                           for b in backends) + "  fastest")
     for name in a.nets.split(","):
         build, width = NETS[name]
-        bench, batch = build(a.batch, width)
+        k = a.multiplicity if name == "feta_unet" else 1
+        bench, batch = build(a.batch, width, k, a.unet)
         bench, batch = bench.to(device), tuple(t.to(device) for t in batch)
         n_params = sum(p.numel() for p in bench.parameters() if p.requires_grad)
-        steps = make_steps(bench, batch, a.compile)
+        steps = make_steps(bench, batch, a.compile, chosen)
         times: dict[str, list[float]] = {k: [] for k in steps}
+        cpu: dict[str, list[float]] = {k: [] for k in steps}
         failed: dict[str, str] = {}
         for k, fn in steps.items():  # warm-up (compiles; finds unsupported backends)
             try:
@@ -280,10 +344,11 @@ def main() -> None:
                 if k in failed:
                     continue
                 _sync(device)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 fn()
                 _sync(device)
                 times[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.thread_time() - c0)
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
         base = med["non-private"]
         cells = []
@@ -291,17 +356,21 @@ def main() -> None:
             cells.append(f"{'failed':>14} {'–':>6}" if b not in med else f"{med[b] * 1e3:>14.1f} {med[b] / base:>6.2f}")
         fastest = min((b for b in backends if b in med), key=med.get)
         print(f"{name:<10} {n_params:>8} {base * 1e3:>15.1f} " + " ".join(cells) + f"  {fastest}")
+        if a.cpu_time:
+            print(f"  {name} thread CPU time: " + cpu_ratios(cpu))
         if "compiled" in med and "non-private compiled" in med:
             c = med["non-private compiled"]
             print(f"  {name} compile=true: non-private {c * 1e3:.1f} ms, private {med['compiled'] * 1e3:.1f} ms, "
                   f"ratio {med['compiled'] / c:.2f} (private compiled / non-private eager: {med['compiled'] / base:.2f})")
         for b, why in failed.items():
             print(f"  {name} {b}: {why}")
-        if a.kernels > 0 and "hooks" in med:
+        if a.kernels > 0:
             plain, _ = profiled_ops(steps["non-private"], device)
-            private, total = profiled_ops(steps["hooks"], device)
-            print(f"  {name}: what the private (hooks) step adds over the non-private one, by self time:")
-            print("\n".join(added_ops(plain, private, total, a.kernels)))
+            for b in ("hooks", "ghost"):
+                if b in med:
+                    private, total = profiled_ops(steps[b], device)
+                    print(f"  {name}: what the private ({b}) step adds over the non-private one, by self time:")
+                    print("\n".join(added_ops(plain, private, total, a.kernels)))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Spy:
         self.batches: list[tuple[int, float, int]] = []  # (n, q, size) per poisson_batch call
         self.real_rows: list[int] = []  # rows of real data per discriminator step
         self.clipped_norms: list[float] = []
+        self.backends: list[str] = []  # per step: the per-sample path the optimizer clipped
         spy = self
 
         class SpyOptimizer(tr.DPSGDOptimizer):
@@ -42,10 +43,13 @@ class Spy:
                                        "expected_batch_size": self.expected_batch_size})
 
             def clip_and_accumulate(self):
-                # the per-sample gradients opacus clips, flattened across parameters
-                per_sample = torch.cat([p.grad_sample.reshape(len(p.grad_sample), -1) for p in self.params], 1)
-                factor = (self.max_grad_norm / (per_sample.norm(dim=1) + 1e-6)).clamp(max=1.0)
-                spy.clipped_norms.append(float((per_sample * factor[:, None]).norm(dim=1).max()))
+                if self.recorded is not None:  # grad_backend=ghost: each sample's norm over all parameters
+                    norms = self.recorded.norms
+                else:  # the per-sample gradients opacus clips, flattened across parameters
+                    norms = torch.cat([p.grad_sample.reshape(len(p.grad_sample), -1) for p in self.params], 1).norm(dim=1)
+                factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+                spy.clipped_norms.append(float((norms * factor).max()))
+                spy.backends.append("ghost" if self.recorded is not None else "opacus")
                 super().clip_and_accumulate()
 
         real_noise = dp_optimizer.gaussian_noise
@@ -63,9 +67,9 @@ class Spy:
             spy.secret.append(isinstance(generator, SecretGenerator))
             return idx
 
-        def discriminator_step(d_net, opt_d, x_real, y_real, x_fake, y_fake):
+        def discriminator_step(d_net, opt_d, x_real, y_real, x_fake, y_fake, **backend):
             spy.real_rows.append(len(x_real))
-            return real_step(d_net, opt_d, x_real, y_real, x_fake, y_fake)
+            return real_step(d_net, opt_d, x_real, y_real, x_fake, y_fake, **backend)
 
         monkeypatch.setattr(tr, "DPSGDOptimizer", SpyOptimizer)
         monkeypatch.setattr(dp_optimizer, "gaussian_noise", gaussian_noise)
@@ -73,10 +77,12 @@ class Spy:
         monkeypatch.setattr(tr, "discriminator_step", discriminator_step)
 
 
-def test_sigma_clip_and_poisson_batch_match_the_ledger(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["ghost", "opacus"])
+def test_sigma_clip_and_poisson_batch_match_the_ledger(tmp_path, monkeypatch, backend):
     spy = Spy(monkeypatch)
-    _, ledger, _ = train_in_memory("dpgan", tmp_path, "dpgan.clip=0.5", eps=10)
+    _, ledger, _ = train_in_memory("dpgan", tmp_path, "dpgan.clip=0.5", f"dpgan.grad_backend={backend}", eps=10)
     hp = compose_cfg("dpgan", eps=10).dpgan
+    assert spy.backends and set(spy.backends) == {backend}
     (entry,) = ledger.entries
     (opt,) = spy.optimizers
     steps = entry.count

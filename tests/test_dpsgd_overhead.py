@@ -18,7 +18,31 @@ def test_added_ops_ranks_growth_and_drops_shrinking_ops():
     assert not any("relu" in line for line in lines)
 
 
+def test_cpu_ratios_divide_medians_by_the_non_private_median():
+    line = bench.cpu_ratios({"non-private": [0.010, 0.020, 0.030], "ghost": [0.033, 0.026, 0.900]})
+    assert line == "non-private 20.0 ms, ghost 33.0 ms (1.65)"
+
+
 def test_profiled_ops_sees_a_matmul_on_the_cpu():
     a = torch.randn(64, 64)
     ops, total = bench.profiled_ops(lambda: a @ a, torch.device("cpu"))
     assert total > 0 and any("mm" in k for k in ops)
+
+
+def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread):
+    """--multiplicity 2: every private step (opacus hooks and functorch, torch.func, ghost) runs on records of two rows
+    and the ghost step clips what torch.func clips (same per-record gradients, before the noise)."""
+    torch.manual_seed(0)
+    net, batch = bench.feta_unet(3, 4, k=2)
+    assert batch[0].shape[0] == 6 and torch.equal(batch[0][0], batch[0][1]), "a record's rows share its image"
+    steps = bench.make_steps(net, batch)
+    assert set(steps) == {"non-private", "hooks", "functorch", "torch.func", "ghost"}
+    for step in steps.values():
+        step()
+    names, params, _, one_loss = bench.functional_copy(net)
+    grads = torch.func.vmap(torch.func.grad(one_loss), in_dims=(None,) + (0,) * 4)(
+        {n: p.detach() for n, p in zip(names, params)}, *bench.records_of(batch, 2))
+    rec = bench.GhostClipper(net.net).record(lambda: net.records(*batch))
+    ref = torch.sqrt(sum(grads[n].flatten(1).pow(2).sum(1) for n in names))
+    torch.testing.assert_close(rec.norms, ref, rtol=1e-5, atol=0)
+    assert set(bench.make_steps(net, batch, backends=("ghost",))) == {"non-private", "ghost"}

@@ -64,12 +64,12 @@ class Spy:
         self.central_batches.append((n, q))
         return self._poisson(n, q, generator, device)
 
-    def clipped_grad_sum_func(self, denoiser, x, y, multiplicity, clip, micro_batch, generator, dist):
-        self.clips.append({"rows": x.shape[0], "clip": clip, "x": x.clone()})
+    def clipped_grad_sum_func(self, denoiser, x, y, multiplicity, clip, micro_batch, generator, dist, step=None):
+        self.clips.append({"rows": x.shape[0], "clip": clip, "x": x.clone(), "step": step})
         if self.fixed:
             params = [p for p in denoiser.parameters() if p.requires_grad]
             return [torch.full_like(p, 1e-3) for p in params], torch.zeros(())
-        sums, loss = self._clip(denoiser, x, y, multiplicity, clip, micro_batch, generator, dist)
+        sums, loss = self._clip(denoiser, x, y, multiplicity, clip, micro_batch, generator, dist, step=step)
         norm = torch.sqrt(sum(s.pow(2).sum() for s in sums))
         assert norm <= x.shape[0] * clip * (1 + 1e-4), "each record adds at most C"
         return sums, loss

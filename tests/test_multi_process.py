@@ -188,7 +188,7 @@ def test_single_process_methods_and_the_opacus_backend_are_refused_under_torchru
     code, _, err = call(capsys, "train", "method=dpgan")
     assert "method=dpgan trains in one process" in one_error(code, err)
     code, _, err = call(capsys, "train", "method=dpdm", "feta.grad_backend=opacus")
-    assert "feta.grad_backend='opacus' is invalid; expected torch_func under torchrun" in one_error(code, err)
+    assert "feta.grad_backend='opacus' is invalid; expected ghost or torch_func under torchrun" in one_error(code, err)
     assert files_in(tmp_path) == {}
 
 

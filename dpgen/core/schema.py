@@ -295,9 +295,9 @@ def check_multi_process(cfg: Any, several: bool | None = None) -> None:
         raise DpgenError(f"method={cfg.method.name} trains in one process; launch it without torchrun, srun -n W "
                          f"or hydra.launcher.tasks_per_node=W (multi-process methods: {multi})")
     hp = cfg.get(info.hparams) if info is not None else None
-    if hp is not None and str(hp.get("grad_backend", "torch_func")) != "torch_func":
-        raise bad(f"{info.hparams}.grad_backend", hp.grad_backend, "torch_func under torchrun (opacus hooks run in "
-                  "one process)")
+    if hp is not None and str(hp.get("grad_backend", "ghost")) == "opacus":
+        raise bad(f"{info.hparams}.grad_backend", hp.grad_backend, "ghost or torch_func under torchrun (opacus hooks "
+                  "run in one process)")
 
 
 #: hyperparameter block name -> its schema (the TrainSchema field of the same name)
@@ -446,6 +446,7 @@ LATER_KEYS: dict[str, Any] = {
     "efsgd.classifier.lr": None,
     "dpac.classifier.real_batch": None,  # ... on real batches of B images
     "efsgd.classifier.real_batch": None,
+    "dpgan.grad_backend": "opacus",  # dpgan runs before the option took per-sample gradients from opacus' hooks
 }
 
 

@@ -17,6 +17,7 @@ from dpgen.dpgan.compiled import GeneratorLoss, PerSampleD, set_grad_samples
 from dpgen.errors import DpgenError
 from dpgen.nets.dcgan import CondGenerator, ProjectionDiscriminator
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
+from dpgen.privacy.ghost import GhostClipper
 from dpgen.privacy.optimizer import DPSGDOptimizer
 from dpgen.privacy.sampling import poisson_batch
 
@@ -37,18 +38,26 @@ def plan_noise(hp: DictConfig, ledger: PrivacyLedger, q: float, steps: int) -> f
 
 def discriminator_step(d_net: GradSampleModule, opt_d: DPSGDOptimizer, x_real: torch.Tensor, y_real: torch.Tensor,
                        x_fake: torch.Tensor, y_fake: torch.Tensor,
-                       per_sample: PerSampleD | None = None) -> torch.Tensor:
+                       per_sample: PerSampleD | None = None, ghost: GhostClipper | None = None) -> torch.Tensor:
     """One DP-SGD step of D (Abadi et al. 2016, Alg. 1 lines 5–9) on real + fake rows.
 
     Real rows come from a Poisson batch; the fake rows have a fixed, data-independent count,
     so adding or removing one record adds or removes one clipped per-sample gradient:
     ℓ2 sensitivity C, noise N(0, σ²C²) added by the DP-SGD optimizer from the secret stream.
-    ``per_sample`` (``compile=true``): the per-sample gradients from :class:`PerSampleD` (compiled torch.func on a
-    padded bucket) instead of opacus' hooks; the optimizer's clipping and noise are the same.
+    ``per_sample`` (``compile=true`` with ``grad_backend=opacus``): the per-sample gradients from
+    :class:`PerSampleD` (compiled torch.func on a padded bucket) instead of opacus' hooks; ``ghost``
+    (``grad_backend=ghost``): the per-sample norms and the clipped sum from ghost norms and book-keeping
+    (:class:`~dpgen.privacy.ghost.GhostClipper` of ``d_net``'s module). The optimizer's clipping factors and
+    noise are the same.
     """
     xb, yb = torch.cat([x_real, x_fake]), torch.cat([y_real, y_fake])
     target = torch.cat([torch.ones(len(x_real), device=xb.device), torch.zeros(len(x_fake), device=xb.device)])
     opt_d.zero_grad(set_to_none=True)
+    if ghost is not None:
+        rec = ghost.record(lambda: F.binary_cross_entropy_with_logits(ghost.module(xb, yb), target, reduction="none"))
+        opt_d.record(rec)
+        opt_d.step()
+        return rec.losses.sum()
     if per_sample is not None:
         grads, loss = per_sample(xb, yb, target)
         set_grad_samples(opt_d.model_params, grads)
@@ -122,13 +131,15 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         opt_g.load_state_dict(state["opt_g"])
         opt_d.original_optimizer.load_state_dict(state["opt_d"])
         run.restore_rngs()
-    # compile=true: D's per-sample gradients (torch.func instead of opacus' hooks) and G's loss, compiled
+    # D's per-sample norms and clipped sum: ghost norms and book-keeping (eager), or opacus' hooks; compile=true
+    # compiles G's loss and, for grad_backend=opacus, D's per-sample gradients (torch.func instead of the hooks)
     compiled = compile_enabled()
-    per_sample = PerSampleD(d_net._module) if compiled else None
+    ghost = GhostClipper(d_net._module) if str(hp.get("grad_backend", "ghost")) == "ghost" else None
+    per_sample = PerSampleD(d_net._module) if compiled and ghost is None else None
     g_loss = GeneratorLoss(generator_loss_at) if compiled else None
-    compiled_d = {"per_sample": per_sample} if compiled else {}  # eager: the call of before (spied by tests)
-    if compiled:
-        d_net.remove_hooks()  # the per-sample gradients come from PerSampleD (torch.func refuses opacus' hooks)
+    compiled_d = {"per_sample": per_sample} if per_sample else {"ghost": ghost} if ghost else {}  # opacus eager: {}
+    if per_sample is not None or ghost is not None:
+        d_net.remove_hooks()  # PerSampleD (torch.func refuses opacus' hooks) or the ghost path replace the hooks
     guard = ledger.budget_guard(ENTRY, [sigma], "poisson", q)
     log.info("dpgan: q=%.5f sigma=%.4f clip=%g, %d discriminator steps allowed", q, sigma, hp.clip, guard.remaining)
 
@@ -164,7 +175,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                 loss_g = g_loss(g_net, d_net._module, z, y, float(hp.mode_seeking))
             loss_g.backward()
             opt_g.step()
-            if per_sample is None:
+            if not compiled_d:
                 d_net.enable_hooks()
             it += 1
             # tensors: Run converts them to floats only on log steps (no host sync per step)

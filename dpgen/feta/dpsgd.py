@@ -6,8 +6,10 @@ of the K per-draw gradients (DPDM's noise multiplicity: averaging happens BEFORE
 record still contributes one vector of norm ≤ C and the privacy cost is unchanged), it is clipped
 to C, the clipped vectors are summed over all micro-batches, Gaussian noise N(0, σ²C²I) is added
 ONCE, and the result is divided by the expected batch size B* (Eq. 9).
-Per-record gradients come from torch.func (``backend="torch_func"``, the default: faster for the UNet in
-bench/dpsgd_overhead.py) or from opacus' GradSampleModule hooks (``backend="opacus"``).
+Per-record gradient norms and the clipped sum come from ghost norms and book-keeping (``feta.grad_backend=ghost``,
+the default: :mod:`dpgen.privacy.ghost`, no per-record gradient of a layer where its norm is cheaper without,
+no second backward; the fastest in bench/dpsgd_overhead.py), from torch.func's per-record gradients
+(``torch_func``, the one ``compile=true`` compiles) or from opacus' GradSampleModule hooks (``opacus``).
 
 Several processes (:mod:`dpgen.core.dist`, torch.func backend): every rank holds the same Poisson batch (drawn
 from a secret stream all ranks share); rank r computes the clipped per-record gradients of the micro-batches
@@ -27,6 +29,7 @@ from dpgen.core.compile import bucket_size, maybe_compile
 from dpgen.core.dist import SINGLE, Dist
 from dpgen.core.precision import autocast_enabled
 from dpgen.nets.edm import edm_draws, edm_loss_at
+from dpgen.privacy.ghost import GhostClipper
 from dpgen.privacy.per_sample import pad_rows, per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
@@ -69,6 +72,11 @@ def _record_loss(call, xr, yr, sr, nr):
     return edm_loss_at(call, xr, yr, sr, nr).mean()
 
 
+#: the values of ``feta.grad_backend`` (and ``dpgan.grad_backend``, which has no torch_func): how per-record
+#: norms and the clipped sum are computed; each computes the same clipped sum within fp32's tolerance
+GRAD_BACKENDS = ("ghost", "torch_func", "opacus")
+
+
 class MicroStep:
     """One micro-batch of :func:`clipped_grad_sum_func`: Σ_i w_i·clip(mean_k ∇ℓ_ik, C) and Σ_i w_i·ℓ_i, the hot
     step ``compile=true`` compiles (:mod:`dpgen.core.compile`).
@@ -77,19 +85,39 @@ class MicroStep:
     has) with copies of its first record of weight w = 0: a padded row's clipping factor is multiplied by 0, so it adds
     exactly zero to the clipped sum (its gradient is a real record's, hence finite), and the ledger never sees it
     (it counts steps, not rows). Eager, the rows are used as they are (w = 1), as before.
+
+    ``grad_backend``: ``torch_func`` (vmap(grad) per record, compiled under ``compile``) or ``ghost`` (ghost norms
+    and book-keeping, :mod:`dpgen.privacy.ghost`; always eager: it takes the layers' output gradients with
+    ``torch.autograd.grad``, at which torch.compile breaks the graph).
     """
 
     def __init__(self, denoiser: torch.nn.Module, clip: float, compile: bool = False, pad: bool | None = None,
-                 backend: Any = "inductor") -> None:
-        self.denoiser, self.clip, self.compiled = denoiser, float(clip), bool(compile)
+                 backend: Any = "inductor", grad_backend: str = "torch_func") -> None:
+        if grad_backend not in ("torch_func", "ghost"):
+            raise ValueError(f"MicroStep: grad_backend must be torch_func or ghost, got {grad_backend!r}")
+        self.denoiser, self.clip = denoiser, float(clip)
+        self.compiled = bool(compile) and grad_backend == "torch_func"
         self.pad = self.compiled if pad is None else bool(pad)  # pad=True eagerly: tests of the padding
-        self.fn = maybe_compile(self._sum, self.compiled, backend)
+        if grad_backend == "ghost":
+            self.clipper = GhostClipper(denoiser)
+            self.fn = self._ghost_sum
+        else:
+            self.fn = maybe_compile(self._sum, self.compiled, backend)
 
     def _sum(self, weight: torch.Tensor, *batch: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = per_record_grads(self.denoiser, _record_loss, batch)
         acc = [torch.zeros_like(p) for p in self.denoiser.parameters() if p.requires_grad]
         add_clipped(acc, grads, self.clip, weight)
         return acc, (losses.detach() * weight).sum()
+
+    def _ghost_sum(self, weight: torch.Tensor, *batch: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """:meth:`_sum` by ghost norms and book-keeping: one forward of the micro-batch's m·K rows, each record's
+        loss the mean of its K rows (so its gradient is K-averaged before clipping, as :func:`_record_loss`), and
+        the same clipping factors (:func:`clip_factors`)."""
+        m, k = batch[0].shape[:2]
+        rows = [t.flatten(0, 1) for t in batch]
+        rec = self.clipper.record(lambda: edm_loss_at(self.denoiser, *rows).reshape(m, k).mean(1))
+        return rec.clipped_sum(clip_factors(rec.norms, self.clip, weight)), (rec.losses * weight).sum()
 
     def __call__(self, batch: tuple[torch.Tensor, ...], cap: int) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The sums of the micro-batch ``batch`` (records on dim 0, at most ``cap`` of them)."""
@@ -102,21 +130,24 @@ def clipped_grad_sum_func(denoiser: torch.nn.Module, x: torch.Tensor, y: torch.T
                           clip: float, micro_batch: int, generator: torch.Generator,
                           dist: Dist = SINGLE,
                           step: MicroStep | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """:func:`clipped_grad_sum` for the EDM loss with torch.func: the same Σ_i clip(mean_k ∇ℓ_ik, C).
+    """:func:`clipped_grad_sum` for the EDM loss by the micro-batch ``step`` (ghost norms or torch.func): the same
+    Σ_i clip(mean_k ∇ℓ_ik, C).
 
     The K diffusion draws of every record are made first (:func:`edm_draws`), then each record's loss is
     the mean over its K rows, so vmap(grad) returns the K-averaged gradient before clipping directly.
     With ``dist`` (several ranks, the same ``x``, ``y`` and ``generator`` state on each) this rank computes the
     micro-batches it owns; the draws of every micro-batch are made on every rank, so the ranks' streams stay
     equal; the sums and the loss are all-reduced, so every rank returns the whole batch's.
-    ``step``: the :class:`MicroStep` to use (the training loop builds one, compiled under ``compile=true``);
-    None: an eager one.
+    ``step``: the :class:`MicroStep` to use (the training loop builds one per run: its ``grad_backend``, compiled
+    under ``compile=true``), whose clip must be ``clip``; None: an eager torch.func one.
     """
     params = [p for p in denoiser.parameters() if p.requires_grad]
     acc = [torch.zeros_like(p) for p in params]
     k = int(multiplicity)
     loss_total, rows = torch.zeros((), device=x.device), 0
     step = MicroStep(denoiser, clip) if step is None else step
+    if step.clip != float(clip):  # one clip: the step's is the one applied, ``clip`` the one the caller states
+        raise ValueError(f"the micro-batch step clips at {step.clip}, not at clip={clip}")
 
     for j, s in enumerate(range(0, x.shape[0], max(1, int(micro_batch)))):
         xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
@@ -152,11 +183,19 @@ def add_clipped(acc: list[torch.Tensor], per_record: list[torch.Tensor], clip: f
     with _autocast_off("cpu"), _autocast_off("cuda"):
         per_record = [g.to(a.dtype) for a, g in zip(acc, per_record)]
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_record))
-        factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
-        if weight is not None:
-            factor = factor * weight.to(factor.dtype)  # padded rows: factor 0, their (finite) rows add exactly 0
+        factor = clip_factors(norms, clip, weight)
         for a, g in zip(acc, per_record):
             a.add_(torch.einsum("i,i...->...", factor, g))
+
+
+def clip_factors(norms: torch.Tensor, clip: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """min(1, C/‖g_i‖) for every record (flat clipping: ``norms`` over ALL parameters, fp32), times the record's
+    ``weight`` (0/1: a compiled bucket's padded rows have weight 0, :class:`MicroStep`; None: every row is a
+    record). Every feta/dpdm backend clips with these factors."""
+    factor = (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+    if weight is not None:
+        factor = factor * weight.to(factor.dtype)  # padded rows: factor 0, their (finite) rows add exactly 0
+    return factor
 
 
 def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:

@@ -19,8 +19,8 @@ from dpgen.errors import DpgenError
 from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import query_central
 from dpgen.core.compile import compile_enabled
-from dpgen.feta.dpsgd import (MicroStep, canary_sum, clipped_grad_sum, clipped_grad_sum_func, micro_batch_for,
-                              set_noisy_grads)
+from dpgen.feta.dpsgd import (GRAD_BACKENDS, MicroStep, canary_sum, clipped_grad_sum, clipped_grad_sum_func,
+                              micro_batch_for, set_noisy_grads)
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -78,8 +78,8 @@ def _check(hp: DictConfig, n: int) -> None:
             raise DpgenError(f"feta.{key} must be positive, got {hp[key]}")
     if float(hp.clip) <= 0:
         raise DpgenError(f"feta.clip must be > 0, got {hp.clip}")
-    if str(hp.get("grad_backend", "torch_func")) not in ("torch_func", "opacus"):
-        raise DpgenError(f"feta.grad_backend must be torch_func or opacus, got {hp.grad_backend!r}")
+    if str(hp.get("grad_backend", "ghost")) not in GRAD_BACKENDS:
+        raise DpgenError(f"feta.grad_backend must be one of {', '.join(GRAD_BACKENDS)}, got {hp.grad_backend!r}")
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> FetaGenerator:
@@ -149,7 +149,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         run.step_done(step, {"loss_warm": loss.detach()}, snapshot)  # read every log_every steps only
 
     # ---- Stage II: DP-SGD fine-tuning (Eq. 9) ----------------------------------------------------
-    backend = str(hp.get("grad_backend", "torch_func"))  # torchrun: torch_func (checked with the config)
+    backend = str(hp.get("grad_backend", "ghost"))  # torchrun: not opacus (checked with the config)
     gsm = GradSampleModule(model.net, loss_reduction="sum") if backend == "opacus" else None
     params = [p for p in model.net.parameters() if p.requires_grad]
     # an audit run's canaries: Poisson-sampled like the records, clipped and noised with them (dpgen.audit)
@@ -161,10 +161,14 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
              int(hp.multiplicity), guard.remaining, int(hp.iters))
 
     micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev)
-    # compile=true: the micro-batch's per-record gradients and clipped sum, compiled (dpgen/core/compile.py)
-    compiled = {"step": MicroStep(model.net, float(hp.clip), True)} if compile_enabled() and gsm is None else {}
-    if compile_enabled() and gsm is not None:
-        log.warning("compile=true: feta.grad_backend=opacus runs eagerly (torch.compile cannot trace opacus' hooks)")
+    # the micro-batch step: ghost norms and book-keeping, or torch.func's per-record gradients (compiled under
+    # compile=true, dpgen/core/compile.py)
+    micro_step = None if gsm is not None else \
+        MicroStep(model.net, float(hp.clip), compile_enabled(), grad_backend=backend)
+    if compile_enabled() and backend != "torch_func":
+        log.warning("compile=true: feta.grad_backend=%s runs eagerly (torch.compile cannot trace %s); "
+                    "feta.grad_backend=torch_func compiles the DP-SGD step", backend,
+                    "opacus' hooks" if gsm is not None else "the output gradients' autograd.grad")
 
     def loss_fn(xr: torch.Tensor, yr: torch.Tensor) -> torch.Tensor:
         return edm_loss(gsm, xr, yr, gens["loss"])
@@ -178,7 +182,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         yb = drop_labels(y_all[idx], drop, null, gens["loss"])
         if gsm is None:
             sums, loss = clipped_grad_sum_func(model.net, xb, yb, int(hp.multiplicity), float(hp.clip),
-                                               micro, gens["loss"], run.dist, **compiled)
+                                               micro, gens["loss"], run.dist, step=micro_step)
         else:
             sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), micro)
         if canaries is not None:

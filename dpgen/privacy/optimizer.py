@@ -11,11 +11,19 @@ parameters' dtype (fp32), so the per-sample norms, the clipping factors, the cli
 wrapped optimizer's state are fp32: opacus computes the norms in the gradients' own dtype, and a bf16 norm
 can understate the true one by 2^-8 relative, so the clipped sum could exceed C.
 
+Per-sample gradients in ``grad_sample`` (opacus' hooks, or torch.func's handed over by dpgan's compiled step) are
+clipped by opacus. Ghost norms and book-keeping (:mod:`dpgen.privacy.ghost`) hand over no per-sample gradient:
+:meth:`DPSGDOptimizer.record` gives the step a :class:`~dpgen.privacy.ghost.Recorded` batch instead, whose
+per-sample norms get opacus' clipping factors min(1, C/(‖g_i‖ + 10⁻⁶)) and whose clipped sum (one product per
+layer) becomes ``summed_grad``; the noise, the scaling and the wrapped optimizer's step are opacus' own.
+
 Audit runs (:mod:`dpgen.audit`) hand the optimizer a :class:`~dpgen.audit.hooks.DpsgdCanaries`: its reserved
 coordinates join :attr:`DPSGDOptimizer.params` (so opacus clips and noises them with the model's), each step
 appends the sampled canaries' per-sample rows to every parameter's ``grad_sample`` before opacus clips, and
-the released noisy sum on the coordinates goes back to the hook. Without canaries (every other run) nothing of
-this runs and the step is opacus' own.
+the released noisy sum on the coordinates goes back to the hook (with a recorded batch, the canary rows are
+clipped by the same factors and summed onto the coordinates: a canary's gradient is zero on the model, so its
+norm over all parameters is its row's). Without canaries (every other run) nothing of this runs and the step
+is opacus' own.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from dpgen.privacy.randomness import gaussian_noise, require_secret
 
 if TYPE_CHECKING:
     from dpgen.audit.hooks import DpsgdCanaries
+    from dpgen.privacy.ghost import Recorded
 
 __all__ = ["DPSGDOptimizer"]
 
@@ -43,6 +52,8 @@ class DPSGDOptimizer(DPOptimizer):
         self.canaries = canaries  # before opacus' __init__, which reads self.params
         #: rows of the last step that are real records (the canaries' rows follow them); None: all
         self.real_rows: int | None = None
+        #: the next step's batch as ghost norms and book-keeping (:meth:`record`); None: per-sample gradients
+        self.recorded: "Recorded | None" = None
         super().__init__(*args, generator=generator, **kwargs)
 
     @property
@@ -61,10 +72,37 @@ class DPSGDOptimizer(DPOptimizer):
         with full_precision():
             return super().step(closure)
 
+    def record(self, recorded: "Recorded") -> None:
+        """The next :meth:`step` clips and noises this batch of ghost norms and book-keeping (no ``grad_sample``)."""
+        self.recorded = recorded
+
+    def clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        """opacus' per-sample clipping factors min(1, C/(‖g_i‖ + 10⁻⁶)) (``DPOptimizer.clip_and_accumulate``)."""
+        return (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+    def clip_and_accumulate(self) -> None:
+        """opacus' clipping of ``grad_sample``, or, for a :meth:`record` ed batch, Σ_i c_i g_i by book-keeping with
+        the same factors c_i (and an audit's canary rows, clipped alike, on the reserved coordinates)."""
+        if self.recorded is None:
+            return super().clip_and_accumulate()
+        rec, self.recorded = self.recorded, None
+        by_param = dict(zip(map(id, rec.params), rec.clipped_sum(self.clip_factors(rec.norms))))
+        if self.canaries is not None:
+            rows = self.canaries.rows().to(self.canaries.coordinates.dtype)
+            by_param[id(self.canaries.coordinates)] = torch.einsum("i,i...", self.clip_factors(rows.norm(dim=1)), rows)
+            self.real_rows = len(rec.losses)
+        if set(by_param) != {id(p) for p in self.params}:
+            raise ValueError("the recorded batch covers other parameters than the optimizer's")
+        for p in self.params:
+            s = by_param[id(p)]
+            p.summed_grad = s if p.summed_grad is None else p.summed_grad + s
+
     def pre_step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Per-sample gradients in the parameters' dtype before opacus computes their norms (see the module
         docstring), then opacus' clipping and noise, with autocast off."""
         with full_precision():
+            if self.recorded is not None:
+                return self._recorded_pre_step()
             for p in self.params:
                 if getattr(p, "grad_sample", None) is not None:  # opacus explains a missing one itself
                     p.grad_sample = _in_dtype(p.grad_sample, p.dtype)
@@ -75,6 +113,22 @@ class DPSGDOptimizer(DPOptimizer):
             if released:
                 self.canaries.observe_release()
             return released
+
+    def _recorded_pre_step(self) -> bool:
+        """opacus' ``pre_step`` for a :meth:`record` ed batch: clip and sum, then (unless a skip was signalled)
+        noise, scale and the step hook; an audit reads the release on its coordinates."""
+        self.clip_and_accumulate()
+        if self._check_skip_next_step():
+            self._is_last_step_skipped = True
+            return False
+        self.add_noise()
+        self.scale_grad()
+        if self.step_hook:
+            self.step_hook(self)
+        self._is_last_step_skipped = False
+        if self.canaries is not None:
+            self.canaries.observe_release()
+        return True
 
     def _add_canary_rows(self) -> None:
         """Append this step's canary rows (zero on the model's parameters, Dirac vectors on the reserved

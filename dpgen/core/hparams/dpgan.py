@@ -13,6 +13,7 @@ class DpganHparams:
     n_critic: int = spec(ge=1)                  # DP-SGD discriminator steps per generator step
     batch_size: int = spec(ge=1)                # expected Poisson batch (<= N)
     clip: float = spec(gt=0.0)                  # per-sample L2 clipping norm C
+    grad_backend: str = spec(choices=("ghost", "opacus"))  # per-sample norms and clipped sum
     noise_multiplier: Optional[float] = spec(gt=0.0)  # null: calibrated to eps
     lr_d: float = spec(gt=0.0)
     lr_g: float = spec(gt=0.0)

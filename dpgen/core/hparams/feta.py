@@ -64,7 +64,7 @@ class FetaHparams:
     multiplicity: int = spec(ge=1)
     micro_batch: Optional[int] = spec(ge=1)   # records per micro-batch; None: sized from device memory
     clip: float = spec(gt=0.0)
-    grad_backend: str = spec(choices=("torch_func", "opacus"))
+    grad_backend: str = spec(choices=("ghost", "torch_func", "opacus"))  # per-record norms and clipped sum
     noise_multiplier: Optional[float] = spec(gt=0.0)
     lr: float = spec(gt=0.0)
     ema: float = spec(ge=0.0, lt=1.0)

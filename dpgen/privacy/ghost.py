@@ -1,0 +1,354 @@
+"""Per-record gradient norms and the clipped sum without per-record gradients where that is cheaper: mixed ghost
+clipping with book-keeping (Bu et al., NeurIPS 2022, "Scalable and efficient training of large convolutional
+neural networks with differential privacy": the ghost norm of a convolution and the per-layer choice; Bu et al.,
+ICML 2023, "Differentially private optimization on large model at small cost": book-keeping).
+
+One forward pass keeps every trainable layer's input (its activation ``a``) and one backward pass of the summed
+loss computes every layer's output gradient ``g``, and nothing else: the backward is taken with respect to the
+layers' outputs, so autograd skips the weight-gradient products a plain ``backward()`` would compute. A layer
+with weight W ∈ R^{p×d} and positions t (a convolution's output pixels, its input unfolded into patches of d
+values) gives record i the gradient Σ_t g_it a_itᵀ, whose squared norm comes from one of (:func:`strategy`)
+
+* the ghost norm Σ_{t,t'} (a_it·a_it')(g_it·g_it') (:data:`GHOST`: two T×T Gram matrices per record, ~T²(d+p)
+  multiply-adds, no p×d tensor), the clipped sum then by book-keeping (Bu et al. 2023): Σ_i c_i Gᵢᵀ Aᵢ = (c⊙G)ᵀA,
+  the layer's ordinary weight gradient of the scaled output gradients, one product;
+* the materialised gradient Gᵢᵀ Aᵢ (~T·d·p multiply-adds, d·p floats per record), from the patches and a batched
+  product (:data:`PATCHES`) or, for a convolution, from a convolution with one group per record
+  (:data:`GROUPED`, which needs no unfolded copy of the input); the clipped sum is then Σ_i c_i Pᵢ.
+
+The ghost norm is taken where it costs fewer operations than the materialised gradient (:func:`prefer_ghost`,
+Bu et al. 2022's mixed ghost clipping). A record may hold several rows (feta's K diffusion draws, whose
+gradient is averaged before clipping): its positions are then the K·T positions of its rows, its Gram
+matrices span them all, and the rule counts them. Norm layers (GroupNorm) and biases have C-sized per-record
+gradients, which are materialised. No second backward pass is run.
+
+The per-record gradient this defines is exactly the one torch.func's vmap(grad) returns
+(:func:`dpgen.privacy.per_sample.per_record_grads`) when records do not interact in the forward pass (no batch
+statistics: the DP-trained networks have no BatchNorm); norms, factors and sums are computed in fp32 with
+autocast off, whatever dtype the forward ran in.
+
+Supported trainable layers: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, one group), ``nn.Embedding`` and
+``nn.GroupNorm`` (opacus' ghost clipping has norm samplers for Linear and Embedding only); any other module
+owning a trainable parameter is refused when the :class:`GhostClipper` is built.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpgen.core.precision import full_precision
+
+__all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "SUPPORTED", "GHOST", "PATCHES", "GROUPED"]
+
+#: the layer types that may own trainable parameters (every parameterised layer of dpgan's D and feta's UNet)
+SUPPORTED = (nn.Linear, nn.Conv2d, nn.Embedding, nn.GroupNorm)
+
+#: (input, output gradient) of one call of a layer (zeros where the loss does not reach the output)
+Call = tuple[torch.Tensor, torch.Tensor]
+
+
+#: how a weight's per-record squared norms are computed (:func:`strategy`): the ghost norm (then its clipped sum by
+#: book-keeping), or the materialised per-record gradient from the layer's patches and a batched product, or
+#: (convolutions) from a convolution with one group per record
+GHOST, PATCHES, GROUPED = "ghost", "patches", "grouped"
+
+
+def prefer_ghost(positions: int, d: int, p: int) -> bool:
+    """Whether a weight with ``d`` inputs and ``p`` outputs per position and ``positions`` positions per record (a
+    record's K rows count K times) takes the ghost norm: its two Gram matrices cost T²(d + p) multiply-adds and its
+    book-keeping product T·d·p more, against T·d·p for the materialised gradient (Bu et al. 2022, Sec. 3.2, count
+    the first two only); on a CPU the Gram matrices' small products and the unfolded patches they need cost about
+    twice their multiply-adds (bench/dpsgd_overhead.py), hence the factor 2."""
+    return 2 * positions * (d + p) < d * p
+
+
+def strategy(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
+    """The default choice for a weight with ``d`` inputs and ``p`` outputs per position, ``positions`` positions per
+    row and ``rows`` rows per record: :data:`GHOST` where :func:`prefer_ghost` says so; otherwise the materialised
+    gradient, from a grouped convolution (:data:`GROUPED`) for a convolution of more than 64 output positions
+    and fewer than 128 outputs, else from the patches (:data:`PATCHES`; a 1×1 convolution's patches are its
+    input, no copy). On a CPU the grouped convolution's weight gradient is 1.1–2× the plain convolution's where
+    unfolding the input costs 2–8× (bench/dpsgd_overhead.py's layers, docs/performance.md); it is slow for
+    small outputs, where the unfolded input is small: for dpgan's 32 → 64 convolution (49 positions) the
+    patches and a batched product take about 0.8× its CPU time."""
+    if prefer_ghost(rows * positions, d, p):
+        return GHOST
+    if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1) and positions > 64 and p < 128:
+        return GROUPED
+    return PATCHES
+
+
+class _Part:
+    """One parameter's share of a batch: each record's squared gradient norm, and ``weighted(c)`` = Σ_i c_i g_i."""
+
+    def __init__(self, sq: torch.Tensor, weighted: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.sq, self.weighted = sq, weighted
+
+
+def _materialised(per_record: torch.Tensor) -> _Part:
+    """A parameter whose per-record gradients (records, *shape) are at hand: squared norms and Σ_i c_i P_i."""
+    flat = per_record.flatten(1)
+    return _Part(torch.linalg.vector_norm(flat, dim=1).square(), lambda c: (c @ flat).reshape(per_record.shape[1:]))
+
+
+def _ghost_sq(a_gram: torch.Tensor, g_gram: torch.Tensor) -> torch.Tensor:
+    """‖Σ_t g_t a_tᵀ‖² = Σ_{t,t'} (a_t·a_t')(g_t·g_t') per record, from the Gram matrices (records, T, T) of the
+    inputs and of the output gradients over the record's positions."""
+    return (a_gram * g_gram).sum((1, 2))
+
+
+def _per_row(c: torch.Tensor, t: torch.Tensor, records: int) -> torch.Tensor:
+    """``t`` (rows, ...) with every row multiplied by its record's ``c`` (a record's rows are consecutive)."""
+    return (t.reshape(records, -1, *t.shape[1:]) * c.reshape(-1, *([1] * t.dim()))).reshape(t.shape)
+
+
+def _record_sum(t: torch.Tensor, records: int) -> torch.Tensor:
+    """(rows, ...) → (records, ...): the sum of each record's consecutive rows; ``t`` itself when every record
+    has one row (a sum over one row would copy it)."""
+    return t if t.shape[0] == records else t.reshape(records, -1, *t.shape[1:]).sum(1)
+
+
+def _total(parts: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The sum of the calls' tensors; one call's tensor as it is (Python's sum would copy it, adding it to 0)."""
+    return functools.reduce(torch.add, parts)
+
+
+def _cat(parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The calls' positions side by side (along ``dim``); one call's tensor as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _linear(m: nn.Linear, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
+    """y = W a + b at every position (all dimensions between the batch and the features)."""
+    a = _cat([x.float().reshape(records, -1, m.in_features) for x, _ in calls])
+    g = _cat([gz.float().reshape(records, -1, m.out_features) for _, gz in calls])
+    out = []
+    if m.weight.requires_grad:
+        rows = calls[0][0].shape[0] // records
+        if rule(m, rows, a.shape[1] // rows, m.in_features, m.out_features) == GHOST:
+            def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: (c⊙G)ᵀA, one product
+                return torch.mm((g * c[:, None, None]).flatten(0, 1).t(), a.flatten(0, 1))
+            gram = _ghost_sq(torch.bmm(a, a.transpose(1, 2)), torch.bmm(g, g.transpose(1, 2)))
+            out.append((m.weight, _Part(gram, weighted)))
+        else:
+            out.append((m.weight, _materialised(torch.bmm(g.transpose(1, 2), a))))
+    if m.bias is not None and m.bias.requires_grad:
+        out.append((m.bias, _materialised(g.sum(1))))
+    return out
+
+
+def _conv_record_grads(m: nn.Conv2d, x: torch.Tensor, g: torch.Tensor, records: int) -> torch.Tensor:
+    """Each record's weight gradient (records, *weight.shape), summed over its rows: the weight gradient of a
+    convolution with one group per record (the records side by side as channels, their rows as the batch),
+    which the backend computes without unfolding the input."""
+    rows, cin, h, w = x.shape
+    k, p = rows // records, m.out_channels
+    xg = x.reshape(records, k, cin, h, w).transpose(0, 1).reshape(k, records * cin, h, w)
+    gg = g.reshape(records, k, p, *g.shape[2:]).transpose(0, 1).reshape(k, records * p, *g.shape[2:])
+    weight = x.new_empty(1).expand(records * p, *m.weight.shape[1:])  # its shape only (as torch.nn.grad does)
+    grad = torch.ops.aten.convolution_backward(gg, xg, weight, None, m.stride, m.padding, m.dilation, False,
+                                               [0, 0], records, [False, True, False])[1]
+    return grad.reshape(records, *m.weight.shape)
+
+
+def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
+    """The input's patches (records, d, K·T): column t of record i is the patch that output position t of one of
+    its K rows sees (F.unfold's layout with a record's rows side by side), one strided copy of the padded input
+    (faster than F.unfold on a CPU, which loops over the rows); ``records`` = rows: each row's patches."""
+    rows, cin, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
+    if rows == records and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
+        return x.flatten(2)  # a 1×1 convolution's patches are its input
+    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    k = rows // records
+    sn, sc, sy, sx = xp.stride()
+    view = xp.as_strided((records, cin, kh, kw, k, ho, wo), (k * sn, sc, dh * sy, dw * sx, sn, sh * sy, sw * sx),
+                         xp.storage_offset())
+    return view.reshape(records, cin * kh * kw, k * ho * wo)
+
+
+def _conv_patches_last(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
+    """The input's patches (records, K·T, d) with each patch's values in (kh, kw, cin) order: row t of record i is
+    the patch that output position t of one of its K rows sees. One copy of the padded input in channels-last
+    layout, then one copy whose innermost runs are a pixel's cin contiguous channels (the channels-first patches'
+    innermost runs are single strided values)."""
+    rows, cin, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
+    xp = F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()  # (rows, H, W, cin)
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    k = rows // records
+    sn, sy, sx, sc = xp.stride()
+    view = xp.as_strided((records, k, ho, wo, kh, kw, cin), (k * sn, sn, sh * sy, sw * sx, dh * sy, dw * sx, sc),
+                         xp.storage_offset())
+    return view.reshape(records, k * ho * wo, kh * kw * cin)
+
+
+def _record_rows(g: torch.Tensor, records: int) -> torch.Tensor:
+    """A convolution's output gradient (rows, p, H, W) as (records, K·T, p), a record's rows one after another."""
+    rows, p = g.shape[:2]
+    return g.reshape(records, rows // records, p, -1).transpose(2, 3).reshape(records, -1, p)
+
+
+def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
+    """A 2-d convolution: at output position t, y_t = W a_t + b with a_t the input patch (Bu et al. 2022, Eq. 2)."""
+    calls = [(x.float(), gz.float()) for x, gz in calls]
+    p, d = m.out_channels, m.weight[0].numel()
+    rows = calls[0][1].shape[0] // records
+    out = []
+    how = rule(m, rows, sum(gz[0, 0].numel() for _, gz in calls), d, p)
+    if m.weight.requires_grad and how == GHOST:
+        a = _cat([_conv_patches_last(m, x, records) for x, _ in calls])  # (records, K·T, d), d in (kh, kw, cin)
+        g = _cat([_record_rows(gz, records) for _, gz in calls])  # (records, K·T, p)
+        kh, kw = m.kernel_size
+
+        def weighted(c: torch.Tensor) -> torch.Tensor:  # book-keeping: (c⊙G)ᵀA over all positions, one product
+            return torch.mm(_per_row(c, g, records).flatten(0, 1).t(), a.flatten(0, 1)) \
+                .reshape(p, kh, kw, -1).permute(0, 3, 1, 2)
+        a_gram, g_gram = torch.bmm(a, a.transpose(1, 2)), torch.bmm(g, g.transpose(1, 2))
+        out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
+    elif m.weight.requires_grad and how == PATCHES:  # each row's gradient from its patches, summed per record
+        out.append((m.weight, _materialised(_total(
+            _record_sum(torch.bmm(gz.flatten(2), _conv_patches(m, x, rows * records).transpose(1, 2)), records)
+            for x, gz in calls).reshape(records, *m.weight.shape))))
+    elif m.weight.requires_grad:
+        out.append((m.weight, _materialised(_total(_conv_record_grads(m, x, gz, records) for x, gz in calls))))
+    if m.bias is not None and m.bias.requires_grad:
+        out.append((m.bias, _materialised(_total(_record_sum(gz.sum((2, 3)), records) for _, gz in calls))))
+    return out
+
+
+def _embedding(m: nn.Embedding, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
+    """A lookup is a linear layer on a one-hot input: a_t·a_t' = [idx_t = idx_t']."""
+    idx = _cat([x.reshape(records, -1) for x, _ in calls])
+    g = _cat([gz.float().reshape(records, -1, m.embedding_dim) for _, gz in calls])
+    if m.padding_idx is not None:  # the padding row gets no gradient
+        g = g * (idx != m.padding_idx).unsqueeze(-1).to(g.dtype)
+    v = m.num_embeddings
+    rows = calls[0][0].shape[0] // records
+    if rule(m, rows, idx.shape[1] // rows, v, m.embedding_dim) == GHOST:
+        def weighted(c: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(m.weight.shape, device=g.device).index_add_(0, idx.flatten(),
+                                                                             (g * c[:, None, None]).flatten(0, 1))
+        part = _Part(_ghost_sq((idx[:, :, None] == idx[:, None, :]).to(g.dtype), torch.bmm(g, g.transpose(1, 2))),
+                     weighted)
+    else:
+        onehot = (idx[:, :, None] == torch.arange(v, device=idx.device)).to(g.dtype)
+        part = _materialised(torch.bmm(onehot.transpose(1, 2), g))
+    return [(m.weight, part)]
+
+
+def _group_norm(m: nn.GroupNorm, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
+    """y = γ x̂ + β per channel: per-record gradients Σ g x̂ and Σ g over the record's rows and positions."""
+    gw, gb = [], []
+    for x, gz in calls:
+        x, gz = x.float(), gz.float()
+        xhat = F.group_norm(x, m.num_groups, eps=m.eps)
+        gw.append(_record_sum((gz * xhat).flatten(2).sum(2), records))
+        gb.append(_record_sum(gz.flatten(2).sum(2), records))
+    out = []
+    if m.weight.requires_grad:
+        out.append((m.weight, _materialised(_total(gw))))
+    if m.bias is not None and m.bias.requires_grad:
+        out.append((m.bias, _materialised(_total(gb))))
+    return out
+
+
+_REDUCE = {nn.Linear: _linear, nn.Conv2d: _conv, nn.Embedding: _embedding, nn.GroupNorm: _group_norm}
+
+
+@dataclass
+class Recorded:
+    """One batch's forward and backward (:meth:`GhostClipper.record`): each record's squared gradient norm over all
+    trainable parameters (fp32), the records' losses (detached), and :meth:`clipped_sum`."""
+
+    sq_norms: torch.Tensor
+    losses: torch.Tensor
+    parts: list[tuple[nn.Parameter, _Part]]
+    params: list[nn.Parameter]
+
+    @property
+    def norms(self) -> torch.Tensor:
+        """Each record's gradient norm over all trainable parameters (fp32)."""
+        return self.sq_norms.sqrt()
+
+    def clipped_sum(self, factor: torch.Tensor) -> list[torch.Tensor]:
+        """Σ_i factor_i · ∇_θ loss_i for every trainable parameter (in ``module.parameters()`` order), fp32 with
+        autocast off (book-keeping: no second backward)."""
+        with full_precision():
+            c = factor.to(torch.float32)
+            sums = {id(p): part.weighted(c) for p, part in self.parts}
+            return [sums[id(p)].reshape(p.shape).to(p.dtype) for p in self.params]
+
+
+class GhostClipper:
+    """Per-record gradient norms and clipped sums of ``module``'s trainable parameters by ghost norms and
+    book-keeping (module docstring). ``rule(layer, rows, positions, d, p)``: how a weight's norms are computed
+    (``rows`` per record, ``positions`` per row), one of
+    :data:`GHOST`, :data:`PATCHES`, :data:`GROUPED` (:func:`strategy`). Build once per module; :meth:`record` once
+    per batch."""
+
+    def __init__(self, module: nn.Module, rule: Callable[[nn.Module, int, int, int, int], str] = strategy) -> None:
+        self.module, self.rule = module, rule
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.layers: list[nn.Module] = []
+        covered: set[int] = set()
+        for name, m in module.named_modules():
+            own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+            if not own:
+                continue
+            if not isinstance(m, SUPPORTED) or \
+                    (isinstance(m, nn.Conv2d) and (m.padding_mode != "zeros" or m.groups != 1)) or \
+                    (isinstance(m, nn.Embedding) and (m.max_norm is not None or m.scale_grad_by_freq or m.sparse)):
+                raise ValueError(f"grad_backend=ghost: layer {name or '<root>'} ({type(m).__name__}) has trainable "
+                                 f"parameters but no ghost-norm rule (supported: Linear, Conv2d with zeros padding "
+                                 f"and one group, Embedding without max_norm, GroupNorm)")
+            self.layers.append(m)
+            covered.update(id(p) for p in own)
+        missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in covered]
+        if missing:
+            raise ValueError(f"grad_backend=ghost: trainable parameters outside a supported layer: {missing}")
+
+    def record(self, forward: Callable[[], torch.Tensor]) -> Recorded:
+        """Run ``forward()``, which returns the per-record losses (records,) and feeds each layer a batch whose
+        rows are the records' rows in order (a record's rows consecutive); backpropagate the losses' sum to the
+        layers' outputs only (no weight gradient is computed); reduce every layer to per-record squared norms."""
+        calls: dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor, int, int]]] = {m: [] for m in self.layers}
+
+        def capture(m: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            calls[m].append((inputs[0], output, inputs[0]._version, output._version))
+
+        hooks = [m.register_forward_hook(capture) for m in self.layers]
+        try:
+            losses = forward()
+        finally:
+            for h in hooks:
+                h.remove()
+        flat = [(m, c) for m in self.layers for c in calls[m]]
+        for m, (x, z, vx, vz) in flat:
+            if x._version != vx or z._version != vz:  # autograd would give the gradient of the modified tensor
+                raise RuntimeError(f"grad_backend=ghost: the input or output of a {type(m).__name__} was modified in "
+                                   "place after the layer ran (an inplace activation?)")
+        outputs = [z for _, (_, z, _, _) in flat]
+        grads = iter(torch.autograd.grad(losses.sum(), outputs, allow_unused=True) if outputs else ())
+        records = losses.shape[0]
+        parts: list[tuple[nn.Parameter, _Part]] = []
+        with full_precision():
+            for m in self.layers:
+                pairs = [(x, torch.zeros_like(z) if g is None else g) for (x, z, _, _), g in zip(calls[m], grads)]
+                if pairs:
+                    parts += _REDUCE[type(m) if type(m) in _REDUCE else next(t for t in _REDUCE if isinstance(m, t))](
+                        m, pairs, records, self.rule)
+            trained = {id(p) for p, _ in parts}
+            for p in self.params:  # a layer the forward never called: its gradient is zero
+                if id(p) not in trained:
+                    zero = torch.zeros(records, *p.shape, device=p.device)
+                    parts.append((p, _materialised(zero)))
+            sq = torch.stack([part.sq for _, part in parts]).sum(0) if parts else \
+                torch.zeros(records, device=losses.device)
+        return Recorded(sq, losses.detach(), parts, self.params)

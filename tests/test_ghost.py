@@ -1,0 +1,319 @@
+"""Ghost norms and book-keeping (dpgen/privacy/ghost.py, ``grad_backend=ghost``): the per-record norms and the clipped
+sum of today's per-record gradients (torch.func's vmap(grad)), on every layer type the DP-trained networks use.
+
+Each layer type is checked under every way of computing its norms (ghost norm, materialised from the patches,
+grouped convolution), with one row per record (dpgan) and with K rows averaged before clipping (feta), against
+torch.func's per-record gradients: the norms and Σ_i c_i g_i within fp32's tolerance. Then the whole networks
+(dpgan's discriminator, feta's UNet), feta's micro-batch step (padded rows included), dpgan's DP-SGD step against
+opacus' hooks (an audit's canary rows included), bf16 (every DP quantity fp32), and the refusals.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opacus import GradSampleModule
+from torch import nn
+
+import dpgen.privacy.ghost as ghost
+from dpgen.feta.dpsgd import MicroStep, clip_factors, clipped_grad_sum_func
+from dpgen.nets.dcgan import ProjectionDiscriminator
+from dpgen.nets.edm import EDMDenoiser, edm_draws, edm_loss_at
+from dpgen.nets.unet import UNet
+from dpgen.privacy.ghost import GHOST, GROUPED, PATCHES, GhostClipper, prefer_ghost, strategy
+from dpgen.privacy.per_sample import per_record_grads
+from dpgen.privacy.randomness import secret_generator
+
+RTOL = 1e-5  # fp32
+HOWS = (GHOST, PATCHES, GROUPED)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _force(how: str):
+    return lambda *_: how
+
+
+class Head(nn.Module):
+    """A network of one layer under test: ``body(x)`` then a fixed nonlinear readout of every output, one loss per row."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return (torch.tanh(out) * torch.linspace(-1, 2, out.shape[-1])).flatten(1).sum(1)
+
+
+class Twice(nn.Module):
+    """A convolution called twice in one forward (shared weights: a record's positions span both calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) + self.conv(torch.flip(x, (-1,)) * 0.5)
+
+
+class Frozen(nn.Module):
+    """A trained Linear after a frozen convolution: the frozen layer's parameters get nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, stride=2).requires_grad_(False)
+        self.fc = nn.Linear(4 * 3 * 3, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).flatten(1))
+
+
+#: name -> (layer, input builder of ``rows`` rows): every layer type and option the methods' networks use
+LAYERS = {
+    "linear": (lambda: nn.Linear(6, 4), lambda g, n: torch.randn(n, 6, generator=g)),
+    "linear-positions": (lambda: nn.Linear(6, 4, bias=False), lambda g, n: torch.randn(n, 5, 6, generator=g)),
+    "conv3x3": (lambda: nn.Conv2d(2, 3, 3, padding=1), lambda g, n: torch.randn(n, 2, 6, 6, generator=g)),
+    "conv-stride2": (lambda: nn.Conv2d(2, 5, 3, stride=2, padding=1), lambda g, n: torch.randn(n, 2, 7, 7, generator=g)),
+    "conv1x1": (lambda: nn.Conv2d(4, 6, 1), lambda g, n: torch.randn(n, 4, 3, 3, generator=g)),
+    "conv-dilated-rect": (lambda: nn.Conv2d(2, 3, (3, 2), padding=(2, 1), dilation=2, bias=False),
+                          lambda g, n: torch.randn(n, 2, 6, 5, generator=g)),
+    "embedding": (lambda: nn.Embedding(5, 4), lambda g, n: torch.randint(0, 5, (n, 3), generator=g)),
+    "embedding-padding": (lambda: nn.Embedding(5, 4, padding_idx=1), lambda g, n: torch.randint(0, 5, (n, 3), generator=g)),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), lambda g, n: torch.randn(n, 4, 3, 3, generator=g) * 3 + 1),
+    "twice": (Twice, lambda g, n: torch.randn(n, 2, 5, 5, generator=g)),
+    "frozen": (Frozen, lambda g, n: torch.randn(n, 2, 7, 7, generator=g)),
+}
+
+
+def _reference(net: nn.Module, x: torch.Tensor, k: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """torch.func's per-record gradients and losses, a record's loss the mean of its k rows."""
+    records = x.reshape(-1, k, *x.shape[1:])
+    return per_record_grads(net, lambda call, rows: call(rows).mean(), (records,))
+
+
+def _check(net: nn.Module, x: torch.Tensor, k: int, rule=strategy, rtol: float = RTOL) -> None:
+    grads, losses = _reference(net, x, k)
+    rec = GhostClipper(net, rule).record(lambda: net(x).reshape(-1, k).mean(1))
+    ref_norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
+    assert rec.norms.shape == ref_norms.shape and rec.norms.dtype == torch.float32
+    assert _rel(rec.norms, ref_norms) < rtol
+    assert _rel(rec.losses, losses) < rtol
+    c = torch.rand(len(ref_norms), generator=torch.Generator().manual_seed(5))
+    for got, g in zip(rec.clipped_sum(c), grads):
+        assert got.dtype == torch.float32 and _rel(got, torch.einsum("i,i...->...", c, g)) < rtol
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_every_layer_type_gives_torch_funcs_norms_and_clipped_sum(layer, how, k):
+    torch.manual_seed(0)
+    build, inputs = LAYERS[layer]
+    _check(Head(build()), inputs(torch.Generator().manual_seed(1), 4 * k), k, _force(how))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_dpgan_discriminator_and_feta_unet_under_the_default_rule(k):
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.rand(6 * k, 1, 28, 28, generator=g), torch.randint(0, 10, (6 * k,), generator=g)
+    t = (torch.rand(6 * k, generator=g) < 0.5).float()
+    grads, _ = per_record_grads(d, lambda call, x, y, t: F.binary_cross_entropy_with_logits(call(x, y), t).mean(),
+                                tuple(v.reshape(6, k, *v.shape[1:]) for v in (x, y, t)))
+    rec = GhostClipper(d).record(
+        lambda: F.binary_cross_entropy_with_logits(d(x, y), t, reduction="none").reshape(6, k).mean(1))
+    assert _rel(rec.norms, torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in grads))) < RTOL
+    # the UNet: GroupNorm, attention's 1x1 convolutions, the time and label embeddings' Linear and Embedding layers
+    den = EDMDenoiser(UNet(1, 8, 3, nf=4, ch_mult=[1, 2], num_res_blocks=1, attn_res=[4]))
+    m = 3
+    xr = torch.rand(m * k, 1, 8, 8, generator=g) * 2 - 1
+    yr = torch.randint(0, 4, (m * k,), generator=g)  # 3: the null class
+    sr, nr = edm_draws(xr, g)
+    batch = tuple(v.reshape(m, k, *v.shape[1:]) for v in (xr, yr, sr, nr))
+    grads, losses = per_record_grads(den, lambda call, *r: edm_loss_at(call, *r).mean(), batch)
+    rec = GhostClipper(den).record(lambda: edm_loss_at(den, xr, yr, sr, nr).reshape(m, k).mean(1))
+    assert _rel(rec.norms, torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in grads))) < RTOL
+    c = clip_factors(rec.norms, 0.01)
+    assert float(c.max()) < 1, "the clip binds"
+    for got, v in zip(rec.clipped_sum(c), grads):
+        assert _rel(got, torch.einsum("i,i...->...", c, v)) < RTOL
+
+
+def test_the_rule_counts_a_records_k_rows():
+    """dpgan's last convolution (64 -> 64, 3x3, 16 output positions) takes the ghost norm with one row per record,
+    and the materialised gradient when a record's 32 rows make 512 positions (feta's K = 32)."""
+    conv = nn.Conv2d(64, 64, 3, 2, 1)
+    assert strategy(conv, 1, 16, 576, 64) == GHOST and prefer_ghost(16, 576, 64)
+    assert strategy(conv, 32, 16, 576, 64) == PATCHES and not prefer_ghost(512, 576, 64)
+    assert strategy(nn.Conv2d(8, 8, 3, padding=1), 1, 784, 72, 8) == GROUPED
+    # dpgan's 32 -> 64 convolution (49 output positions): the patches, not a grouped convolution
+    assert strategy(nn.Conv2d(32, 64, 3, 2, 1), 1, 49, 288, 64) == PATCHES
+    assert strategy(nn.Linear(32, 16), 1, 1, 32, 16) == GHOST and strategy(nn.Linear(32, 16), 32, 1, 32, 16) == PATCHES
+
+
+def test_no_weight_gradient_is_computed_and_nothing_reaches_grad():
+    torch.manual_seed(0)
+    net = Head(nn.Conv2d(2, 3, 3))
+    calls = []
+    real = torch.ops.aten.convolution_backward.default
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is real:
+                calls.append(tuple(args[-1]))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 2, 5, 5)
+    with Spy():
+        rec = GhostClipper(net, _force(GHOST)).record(lambda: net(x))
+    assert calls == [], "the backward stops at the layer's output: no weight-gradient product"
+    rec.clipped_sum(torch.ones(4))
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_unsupported_layers_and_inplace_outputs_are_refused():
+    with pytest.raises(ValueError, match=r"layer 1 \(BatchNorm2d\).*no ghost-norm rule"):
+        GhostClipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))
+    with pytest.raises(ValueError, match="ConvTranspose2d"):
+        GhostClipper(nn.ConvTranspose2d(1, 2, 3))
+    with pytest.raises(ValueError, match="Conv2d"):
+        GhostClipper(nn.Conv2d(2, 2, 3, groups=2))
+    GhostClipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2).requires_grad_(False)))  # frozen: fine
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.LeakyReLU(0.2, inplace=True))
+    with pytest.raises(RuntimeError, match="modified in place"):
+        GhostClipper(net).record(lambda: net(torch.randn(2, 1, 5, 5)).flatten(1).sum(1))
+
+
+def test_bf16_keeps_every_dp_quantity_fp32():
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    g = torch.Generator().manual_seed(3)
+    x, y, t = torch.rand(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g), torch.ones(8)
+
+    def losses():
+        return F.binary_cross_entropy_with_logits(d(x, y), t, reduction="none")
+
+    clipper = GhostClipper(d)
+    ref = clipper.record(losses)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rec = clipper.record(losses)
+        sums = rec.clipped_sum(clip_factors(rec.norms, 0.1))
+    assert rec.norms.dtype == torch.float32 and all(s.dtype == torch.float32 for s in sums)
+    assert _rel(rec.norms, ref.norms) < 3e-2, "bf16's forward and backward: within bf16's tolerance"
+    for s, r in zip(sums, ref.clipped_sum(clip_factors(ref.norms, 0.1))):
+        assert _rel(s, r) < 5e-2
+
+
+# ---- feta / dpdm: the micro-batch step ------------------------------------------------------------------------
+
+def _unet(seed: int = 0) -> EDMDenoiser:
+    torch.manual_seed(seed)
+    return EDMDenoiser(UNet(1, 8, 3, nf=4, ch_mult=[1, 2], num_res_blocks=1, attn_res=[4]))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_feta_ghost_step_equals_torch_func(k):
+    """The whole clipped sum of a Poisson batch in micro-batches (the last one a remainder), the same draws."""
+    net = _unet()
+    x = torch.rand(7, 1, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    y = torch.tensor([0, 1, 2, 3, 1, 0, 2])
+    out = {}
+    for backend in ("torch_func", "ghost"):
+        step = MicroStep(net, 0.02, grad_backend=backend)
+        out[backend] = clipped_grad_sum_func(net, x, y, k, 0.02, 3, secret_generator("cpu", seed=4), step=step)
+    (s_f, l_f), (s_g, l_g) = out["torch_func"], out["ghost"]
+    for a, b in zip(s_g, s_f):
+        assert a.dtype == torch.float32 and _rel(a, b) < RTOL
+    assert _rel(l_g, l_f) < RTOL
+    assert float(torch.sqrt(sum(a.pow(2).sum() for a in s_g))) <= 7 * 0.02 * (1 + 1e-5)
+
+
+def test_feta_ghost_padded_rows_add_exactly_zero():
+    net, m, k = _unet(), 5, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(m * k, 1, 8, 8, generator=g) * 2 - 1
+    sigma, noise = edm_draws(x, g)
+    batch = (x.reshape(m, k, 1, 8, 8), torch.randint(0, 3, (m, k), generator=g), sigma.reshape(m, k),
+             noise.reshape(m, k, 1, 8, 8))
+    (s0, l0), (s1, l1) = (MicroStep(net, 0.01, pad=pad, grad_backend="ghost")(batch, 16) for pad in (False, True))
+    for a, b in zip(s1, s0):
+        assert _rel(a, b) < RTOL
+    assert _rel(l1, l0) < RTOL
+    sums, loss = MicroStep(net, 0.01, grad_backend="ghost").fn(torch.zeros(m), *batch)
+    assert all(bool((s == 0).all()) for s in sums) and float(loss) == 0.0
+
+
+def test_feta_step_clip_must_be_the_stated_clip():
+    net = _unet()
+    with pytest.raises(ValueError, match="clips at 0.02, not at clip=0.2"):
+        clipped_grad_sum_func(net, torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long), 1, 0.2, 2,
+                              secret_generator("cpu", seed=1), step=MicroStep(net, 0.02, grad_backend="ghost"))
+
+
+# ---- dpgan: the DP-SGD optimizer ------------------------------------------------------------------------------
+
+class _Canaries:
+    """The part of dpgen.audit.hooks.DpsgdCanaries the optimizer uses: rows on reserved coordinates."""
+
+    def __init__(self, m: int, clip: float) -> None:
+        self.coordinates = nn.Parameter(torch.zeros(m))
+        self.clip, self.released = clip, []
+        self._rows = torch.zeros(2, m)
+        self._rows[0, 1], self._rows[1, 3] = 1000.0 * clip, 1000.0 * clip
+
+    def rows(self) -> torch.Tensor:
+        return self._rows
+
+    def observe_release(self) -> None:
+        self.released.append(self.coordinates.grad.detach().clone())
+
+
+@pytest.mark.parametrize("canaries", [False, True])
+def test_dpgan_ghost_step_equals_opacus_hooks(canaries):
+    """discriminator_step with ghost norms against opacus' hooks: the same clipped sum, noise from the same secret
+    stream, Adam's step; an audit's canary rows clipped and released alike."""
+    import importlib
+
+    tr = importlib.import_module("dpgen.dpgan.train")
+    warnings.filterwarnings("ignore", message="Full backward hook")
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(21, 1, 28, 28, generator=g), torch.randint(0, 10, (21,), generator=g)
+    nets, opts, cans = [GradSampleModule(copy.deepcopy(d), loss_reduction="sum"), copy.deepcopy(d)], [], []
+    for net in nets:
+        cans.append(_Canaries(5, 0.05) if canaries else None)
+        opts.append(tr.DPSGDOptimizer(torch.optim.Adam(net.parameters(), lr=1e-3), noise_multiplier=0.5,
+                                      max_grad_norm=0.05, expected_batch_size=10, loss_reduction="sum",
+                                      generator=secret_generator("cpu", seed=3), canaries=cans[-1]))
+    loss_h = tr.discriminator_step(nets[0], opts[0], x[:11], y[:11], x[11:], y[11:])
+    loss_g = tr.discriminator_step(None, opts[1], x[:11], y[:11], x[11:], y[11:], ghost=GhostClipper(nets[1]))
+    assert _rel(loss_g, loss_h) < RTOL
+    for ph, pg in zip(nets[0]._module.parameters(), nets[1].parameters()):
+        assert _rel(pg.grad, ph.grad) < RTOL and _rel(pg.detach(), ph.detach()) < RTOL
+    if canaries:
+        (rel_h,), (rel_g,) = cans[0].released, cans[1].released
+        assert _rel(rel_g, rel_h) < RTOL and opts[1].real_rows == 21
+
+
+def test_dpgan_ghost_clips_every_sample_to_c():
+    """σ = 0: the released sum is the clipped sum; with every sample far above C, each adds exactly C·direction,
+    so the sum's norm is at most (rows)·C, and a single sample's is C."""
+    import importlib
+
+    tr = importlib.import_module("dpgen.dpgan.train")
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    opt = tr.DPSGDOptimizer(torch.optim.SGD(d.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=1e-4,
+                            expected_batch_size=1, loss_reduction="sum", generator=secret_generator("cpu", seed=3))
+    x = torch.rand(1, 1, 28, 28)
+    tr.discriminator_step(None, opt, x, torch.tensor([3]), x[:0], torch.tensor([], dtype=torch.long),
+                          ghost=GhostClipper(d))
+    assert float(torch.sqrt(sum(p.grad.pow(2).sum() for p in d.parameters()))) == pytest.approx(1e-4, rel=1e-5)
