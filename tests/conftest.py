@@ -108,14 +108,15 @@ def run_script(script: str, *args: str, cwd: Path, timeout: int = 600) -> subpro
                           capture_output=True, text=True, timeout=timeout)
 
 
-def in_memory_run(run_dir: Path, ledger, **kwargs):
-    """A Run for calling a method's train() directly: CPU, seed 0, no progress bar or tensorboard
-    (``kwargs``: e.g. ``stop_after``, ``resume``, ``checkpoint_every``)."""
+def in_memory_run(run_dir: Path, ledger, device=None, **kwargs):
+    """A Run for calling a method's train() directly: on ``device`` (default the CPU), seed 0, no progress bar or
+    tensorboard (``kwargs``: e.g. ``stop_after``, ``resume``, ``checkpoint_every``)."""
     import torch
 
     from dpgen.core.run import Run
 
-    return Run(run_dir, ledger, torch.device("cpu"), 0, {}, progress=False, tensorboard=False, **kwargs)
+    return Run(run_dir, ledger, torch.device("cpu") if device is None else device, 0, {}, progress=False,
+               tensorboard=False, **kwargs)
 
 
 @pytest.fixture

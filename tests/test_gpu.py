@@ -17,33 +17,10 @@ import pytest
 import torch
 
 from test_device_discipline import CASES, credit  # noqa: F401 (credit: the fixture)
-from test_resume_streams import check_resume_continues_the_secret_streams
+from test_resume_streams import check_resume_continues_the_secret_streams, train_on
 from tiny import METHODS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
-def train_on(device: torch.device, method: str, run_dir, *overrides: str, data=None, **run_kwargs):
-    """``tiny.train_in_memory`` with the run on ``device``; returns ``(generator, ledger, run)``."""
-    from dpgen.core.methods import load_method
-    from dpgen.core.pipeline import seed_everything
-    from dpgen.core.run import Run
-    from dpgen.data import load_dataset
-    from dpgen.privacy import PrivacyLedger, parse_epsilon
-    from tiny import compose_cfg
-
-    cfg = compose_cfg(method, *overrides)
-    data = load_dataset("digits", str(run_dir / "data")) if data is None else data
-    ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
-                           accountant=cfg.privacy.accountant, accounting=cfg.privacy.accounting)
-    run = Run(run_dir, ledger, device, 0, {}, progress=False, tensorboard=False, log_every=10**9,
-              checkpoint_every=10**9, **run_kwargs)
-    seed_everything(0)
-    try:
-        gen = load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
-    finally:
-        run.close()
-    return gen, ledger, run
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -84,28 +84,12 @@ class SecretDrawLog:
 
 
 def train_on(device: torch.device, method: str, run_dir: Path, *overrides: str, data=None, **run_kwargs):
-    """``method``'s tiny run (``tiny.TINY``) on ``device`` with one torch thread; ``(generator, ledger, run)``."""
-    from dpgen.core.methods import load_method
-    from dpgen.core.pipeline import seed_everything
-    from dpgen.data import load_dataset
-    from dpgen.privacy import PrivacyLedger, parse_epsilon
-    from tiny import compose_cfg
+    """``method``'s tiny run (``tiny.train_in_memory``) on ``device``, no checkpoint but the one a stop or the end
+    writes; ``(generator, ledger, run)``."""
+    from tiny import train_in_memory
 
-    cfg = compose_cfg(method, *overrides)
-    data = load_dataset("digits", str(run_dir / "data")) if data is None else data
-    ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
-                           accountant=cfg.privacy.accountant, accounting=cfg.privacy.accounting)
-    run = Run(run_dir, ledger, device, 0, {}, progress=False, tensorboard=False, log_every=10**9,
-              checkpoint_every=10**9, secure_noise=bool(cfg.privacy.secure_noise), **run_kwargs)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-exact comparisons on the CPU need one thread count in every run
-    seed_everything(0)
-    try:
-        gen = load_method(cfg.method.module).train(cfg[cfg.method.hparams], data, ledger, run)
-    finally:
-        run.close()
-        torch.set_num_threads(threads)
-    return gen, ledger, run
+    return train_in_memory(method, run_dir, *overrides, data=data, device=device,
+                           **{"log_every": 10**9, "checkpoint_every": 10**9, **run_kwargs})
 
 
 def _noise(log: SecretDrawLog) -> list[torch.Tensor]:

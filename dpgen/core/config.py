@@ -30,22 +30,21 @@ def _by_profile(paper, quick, *, _root_):
     return _box(paper if _root_.profile == "paper" else quick)
 
 
-def _by_dataset(table, *, _root_):
-    name = _root_.dataset.name
+def _lookup(table, name: str, kind: str, where: str):
+    """``table[name]``, else ``table['default']``; a name in neither is a one-line error naming the config to fix."""
     if name in table:
         return _box(table[name])
     if "default" in table:
         return _box(table["default"])
-    raise DpgenError(f"no value for dataset {name!r} in {dict(table)}; add it to the method config")
+    raise DpgenError(f"no value for {kind} {name!r} in {dict(table)}; add it to the {where} config")
+
+
+def _by_dataset(table, *, _root_):
+    return _lookup(table, _root_.dataset.name, "dataset", "method")
 
 
 def _by_method(table, *, _root_):
-    name = _root_.method.name
-    if name in table:
-        return _box(table[name])
-    if "default" in table:
-        return _box(table["default"])
-    raise DpgenError(f"no value for method {name!r} in {dict(table)}; add it to the dataset config")
+    return _lookup(table, _root_.method.name, "method", "dataset")
 
 
 def _folder_delta(*, _root_):
