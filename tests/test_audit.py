@@ -255,12 +255,16 @@ def test_coins_reach_coins_npy_and_no_released_file(tmp_path):
 
 
 @pytest.mark.parametrize("method", AUDITED)
-def test_audit_keeps_the_device_discipline(method, tmp_path):
+def test_audit_keeps_the_device_discipline(method, tmp_path, monkeypatch):
     """The canaries' factories name their device, their draws come from the run's streams, and they add at most one
-    host sync per step to the method's budget (their Poisson samples are drawn 64 steps per sync)."""
+    host sync per step to the method's budget (their Poisson samples are drawn 64 steps per sync). The bounds,
+    computed on the host after the run, are left out."""
+    import dpgen.audit.report
     from discipline import Report, watch
     from test_device_discipline import SYNC_BUDGET
 
+    monkeypatch.setattr(dpgen.audit.report, "write_report",
+                        lambda canaries, cfg, ledger, n, run_dir: (Path(run_dir) / "audit.json").write_text("{}"))
     report = Report(method)
     with watch(report):
         audit(method, tmp_path / "run", "inf", "log_every=1000000", "checkpoint_every=1000000")
@@ -316,6 +320,26 @@ def test_gnmax_reserved_bins_take_no_part_in_the_answer():
     assert not res.answered.any() and (res.winner < 3).all() and torch.equal(res.reserved, counts[:, 3:])
 
 
+def test_default_canaries_and_guesses_per_family():
+    """audit.canaries=null: 10,000, or K·B for the GS-WGAN family; audit.guesses=null: 2 % of m on each side, at
+    least min(100, m/10)."""
+    from hydra import compose, initialize_config_dir
+
+    from dpgen.audit.sizes import audit_sizes, default_guesses
+    from dpgen.core.config import register_configs
+    from dpgen.core.methods import CONFIG_DIR
+
+    assert [default_guesses(m) for m in (5, 300, 1000, 3200, 10000, 50000)] == [1, 30, 100, 100, 200, 1000]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        sizes = {m: audit_sizes(compose("audit", overrides=[f"method={m}", "dataset=digits"]))
+                 for m in ("dpgan", "gpate", "gswgan", "efsgd")}
+        set_apart = audit_sizes(compose("audit", overrides=["method=dpgan", "audit.canaries=500", "audit.guesses_in=7"]))
+    assert sizes == {"dpgan": (10000, 200, 200), "gpate": (10000, 200, 200), "gswgan": (3200, 100, 100),
+                     "efsgd": (3200, 100, 100)}
+    assert set_apart == (500, 7, 50)
+
+
 # ---- scripts/audit.py --------------------------------------------------------------------------------------
 
 def test_audit_cli_writes_its_report_and_one_summary_line(tmp_path):
@@ -326,13 +350,13 @@ def test_audit_cli_writes_its_report_and_one_summary_line(tmp_path):
 
     run = tmp_path / "run"
     res = run_script("audit.py", "method=gpate", "eps=2", "privacy.noise_seed=0", "threads=1", "progress=false",
-                     *AUDIT_TINY["gpate"], f"hydra.run.dir={run}", cwd=tmp_path)
+                     "audit.canaries=2000", *AUDIT_TINY["gpate"], f"hydra.run.dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     last = res.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"audit: gpate eps=2 claimed, eps_lb=\d+\.\d\d \(fdp, 95 %\), 10000 canaries, \d+/400 correct",
+    assert re.fullmatch(r"audit: gpate eps=2 claimed, eps_lb=\d+\.\d\d \(fdp, 95 %\), 2000 canaries, \d+/200 correct",
                         last), last
     report = json.loads((run / "audit.json").read_text())
-    assert report["canaries"] == 10000 and report["guesses"] == {"in": 200, "out": 200, "total": 400}
+    assert report["canaries"] == 2000 and report["guesses"] == {"in": 100, "out": 100, "total": 200}  # min(100, m/10)
     assert report["bound"] == "fdp" and set(report["bounds"]) == {"fdp", "sn"}
     assert {"generator.pt", "privacy.json", "metrics.json", "audit.json", "audit.log"} <= {p.name for p in run.iterdir()}
     assert np.load(run / "audit" / "coins.npy").sum() == report["records"]["canaries_included"]

@@ -62,7 +62,8 @@ def test_rejection_is_monotone_in_the_count_and_the_noise_scale():
     # the search's bracket: the reported scale is rejected, a slightly weaker one is not
     res = fdp_lower_bound(fam, m, k, crit[2] + 10, 0.95)
     s = res["noise_scale"]
-    assert rejects(fam.curve(s), m, k, crit[2] + 10, 0.05) and not rejects(fam.curve(s / 1.01), m, k, crit[2] + 10, 0.05)
+    c = crit[2] + 10
+    assert rejects(fam.curve(s), m, k, c, 0.05) and not rejects(fam.curve(s / 1.01), m, k, c, 0.05)
     assert res["epsilon_lower_bound"] == pytest.approx(fam.epsilon(s), rel=1e-9)
     assert res["epsilon_lower_bound"] > res["stage_epsilon"]  # the claimed scale (s = 1) was rejected
 

@@ -41,7 +41,6 @@ from torch import nn
 
 from dpgen.audit.canaries import Canaries, Channel, SamplingGroup
 from dpgen.errors import DpgenError
-from dpgen.privacy.randomness import require_secret
 
 __all__ = ["DIRAC_NORM", "ROWS_PER_CANARY", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries",
            "SanitizerCanaries", "dirac_rows"]
@@ -157,8 +156,9 @@ class FeatureCanaries(Channel):
 
     def __init__(self, canaries: Canaries, name: str, sensitivity: float, noise_multiplier: float, rate: float,
                  mu: int, where: str = "") -> None:
-        super().__init__(canaries, name, shift=float(sensitivity), noise_std=float(noise_multiplier) * float(sensitivity),
-                         sensitivity=float(sensitivity), group=canaries.group(rate), parts=int(mu),
+        sens = float(sensitivity)
+        super().__init__(canaries, name, shift=sens, noise_std=float(noise_multiplier) * sens,
+                         sensitivity=sens, group=canaries.group(rate), parts=int(mu),
                          ledger_multipliers=[float(noise_multiplier)],
                          where=where or f"{name}: a feature row entering DPAGG's sum of sub-batch j mod mu, a Dirac "
                                         "vector of norm sqrt(m)*p (SIN's row bound) on the canary's reserved "

@@ -139,7 +139,7 @@ AUDITED_METHODS = ("dpgan", "feta", "dpdm", "gpate", "dpaf", "gswgan", "dpac", "
 class AuditSchema:
     """``audit:`` block of ``scripts/audit.py`` (configs/audit.yaml): the one-run privacy audit (dpgen/audit/)."""
 
-    canaries: Optional[int] = spec(None, ge=1, le=1_000_000)  # m canaries (null: the method's default, dpgen/audit/sizes.py)
+    canaries: Optional[int] = spec(None, ge=1, le=1_000_000)  # m canaries (null: the method's default, audit/sizes.py)
     guesses: Optional[int] = spec(None, ge=0)                 # default of guesses_in and guesses_out (null: 2 % of m)
     guesses_in: Optional[int] = spec(None, ge=0)              # k+: "in" for the k+ highest scores
     guesses_out: Optional[int] = spec(None, ge=0)             # k-: "out" for the k- lowest scores
