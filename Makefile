@@ -49,8 +49,9 @@ clean:
 
 # The one GPU check on an offline node (docs/clusters.md "Offline GPU nodes", docs/performance.md "The GPU check").
 # Here, with internet: `make wheelhouse PY=3.12` and `make data` fill wheelhouse/ and .data/ (ignored; carried to the
-# node with the repository). On the node: `make gpu-check GPU_BUDGET=7 [GPU_OUT=dir]` installs the wheels the node's
-# python3 lacks into GPU_SITE (its torch untouched) and prints one table last (also written to GPU_OUT).
+# node with the repository); the wheels' versions are those of scripts/wheelhouse-constraints.txt, whichever python3
+# runs it. On the node: `make gpu-check GPU_BUDGET=7 [GPU_OUT=dir]` installs the wheels the node's python3 lacks into
+# GPU_SITE (its torch untouched) and prints one table last (also written to GPU_OUT).
 PY         ?= 3.12
 WHEELS     ?= wheelhouse
 DATA_DIR   ?= .data
@@ -59,12 +60,11 @@ GPU_SITE   ?= /tmp/site
 GPU_BUDGET ?= 7
 GPU_ARGS   ?=
 GPU_OUT    ?=
-HOST_PY    := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: wheelhouse data gpu-check
 
 wheelhouse:
-	$(HOST_PY) scripts/wheelhouse.py download --python-version $(PY) --dest $(WHEELS)
+	$(PYTHON) scripts/wheelhouse.py download --python-version $(PY) --dest $(WHEELS)
 
 data:
 	$(PYTHON) scripts/wheelhouse.py data --src $(FMNIST_SRC) --dest $(DATA_DIR)/fashion-mnist

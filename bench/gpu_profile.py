@@ -23,7 +23,7 @@ method after S seconds of wall time (from its start, pre-training included) and 
 then, with a note; in subprocess mode the parent kills a child that is not back after S s plus a margin.
 
     python bench/gpu_profile.py [--methods dpgan,...] [--dataset fmnist] [--eps 10] [--device cuda] [--out FILE]
-                                [--budget S] [--set dpac.pretrain_chunk=50 ...]
+                                [--budget S] [--set gswgan.pretrain_chunk=50 ...]
     python bench/gpu_profile.py --tiny        # CPU smoke test: tiny configs on the embedded digits
 
 Prints a Markdown table (and writes it to ``--out``) that README's "Running on GPUs and clusters" quotes.
@@ -362,7 +362,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     from dpgen.core.pipeline import quiet_known_noise, seed_everything
     from dpgen.core.precision import run_precision
     from dpgen.core.run import Run
-    from dpgen.data import load_dataset
+    from dpgen.data import load_config_dataset
     from dpgen.privacy import PrivacyLedger, parse_epsilon
 
     quiet_known_noise()
@@ -374,7 +374,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
     cfg = _compose(method, dataset, eps, profile, overrides)
     hp = cfg[cfg.method.hparams]
     if data is None or data.name != cfg.dataset.name:
-        data = load_dataset(cfg.dataset.name, data_root)
+        data = load_config_dataset(cfg, data_root)
     prefix = cfg.method.hparams
     pre = _Pretrain()
     if method in ENSEMBLES:
@@ -787,7 +787,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds per method: stop it then and report what was measured (default: no limit)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Hydra override for every method profiled, e.g. dpac.pretrain_chunk=50 (repeatable)")
+                    help="a Hydra override for every method profiled, e.g. gswgan.pretrain_chunk=50 (repeatable)")
     ap.add_argument("--tiny", action="store_true", help="tests/tiny.py's configs on digits: a CPU smoke test")
     ap.add_argument("--inline", action="store_true", help="run every method in this process (no subprocesses)")
     ap.add_argument("--data-root", default=None)

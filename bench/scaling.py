@@ -36,8 +36,9 @@ SIZES: dict[str, tuple[list[str], str]] = {
     "dpdm": (["feta.batch_size=256", "feta.multiplicity=4", "feta.micro_batch=64", "feta.unet.nf=8"], "DP-SGD steps"),
     "feta": (["feta.central=mean", "feta.warmup_iters=0", "feta.batch_size=256", "feta.multiplicity=4",
               "feta.micro_batch=64", "feta.unet.nf=8"], "DP-SGD steps"),
-    "gswgan": (["dpac.num_discriminators=16", "dpac.partitions_per_iter=4", "dpac.pretrain_chunk=4", "dpac.pretrain_iters=3", "dpac.critic_iters=2",
-                "dpac.batch_size=32", "dpac.g_width=16", "dpac.d_width=16"], "pre-trained pairs"),
+    "gswgan": (["gswgan.num_discriminators=16", "gswgan.partitions_per_iter=4", "gswgan.pretrain_chunk=4",
+                "gswgan.pretrain_iters=3", "gswgan.critic_iters=2", "gswgan.batch_size=32", "gswgan.g_width=16",
+                "gswgan.d_width=16"], "pre-trained pairs"),
     "gpate": (["gpate.teachers=40", "gpate.chunk=10", "gpate.batch_size=32", "gpate.proj_dim=10",
                "gpate.teacher_warmup=0"], "generator iterations"),
 }
@@ -63,7 +64,7 @@ def worker(method: str, steps: int, device: str, data_root: str) -> None:
     quiet_known_noise()
     dist, dev = dist_mod.from_env(torch.device(device))
     overrides, unit = SIZES[method]
-    iters = {"gswgan": ["dpac.iters=1"], "gpate": [f"gpate.iters={steps + 1}"]}.get(method, [f"feta.iters={steps + 1}"])
+    iters = {"gswgan": ["gswgan.iters=1"], "gpate": [f"gpate.iters={steps + 1}"]}.get(method, [f"feta.iters={steps + 1}"])
     cfg = _compose(method, "digits", "10", "quick", [*overrides, *iters])
     data = load_dataset("digits", data_root)
     ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
@@ -105,7 +106,7 @@ def worker(method: str, steps: int, device: str, data_root: str) -> None:
             tr.pretrain = original
             run.close()
     if method == "gswgan":
-        seconds, count = pre[0], int(cfg.dpac.num_discriminators)
+        seconds, count = pre[0], int(cfg.gswgan.num_discriminators)
     else:  # the first step (compilation, caches, the teachers' first pass) is not timed
         seconds, count = stamps[-1] - stamps[0], len(stamps) - 1
     if dist.main:

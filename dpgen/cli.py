@@ -115,6 +115,7 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
     register_configs()
     overrides = [a for a in args if not a.startswith("-") and "=" in a]
     _check_groups(overrides)
+    _check_blocks(overrides)
     training = config_name in TRAINING_CONFIGS
     if training:
         try:
@@ -129,6 +130,7 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
         raise DpgenError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
     configs = []
     for variant in variants:  # every job's config, typed and checked without data first ...
+        _check_blocks(variant)
         try:
             with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=variant)
@@ -145,6 +147,30 @@ def precheck(args: Sequence[str], config_name: str = "train") -> None:
     if training:
         for cfg in configs:  # ... then the data each job reads
             _check_inputs(cfg)
+
+
+def _check_blocks(overrides: Sequence[str]) -> None:
+    """A hyperparameter key of another method's block (``method=dpac efsgd.iters=3``) is one line naming the block
+    the method reads; a key of a block the method no longer reads (``method=gswgan dpac.iters=10``: GS-WGAN's keys
+    moved to ``gswgan.*``) a pointer to its new name. Every method of a sweep (``method=gswgan,dpac``) is checked."""
+    from dpgen.core.methods import METHODS
+    from dpgen.core.schema import HPARAM_SCHEMAS, moved_key
+
+    methods = [m for a in overrides if a.split("=", 1)[0] == "method" for m in a.split("=", 1)[1].split(",")]
+    for method in dict.fromkeys(methods):
+        info = METHODS.get(method)
+        for a in overrides:
+            key, _, value = a.partition("=")
+            key = key.lstrip("+~")
+            block = key.split(".", 1)[0]
+            if info is None or "." not in key or block not in HPARAM_SCHEMAS or block == info.hparams:
+                continue
+            new = moved_key(method, key)
+            if new is not None:
+                raise DpgenError(f"{key} is {new} for method={method} (its keys moved to their own block); "
+                                 f"use {new}={value}")
+            raise DpgenError(f"{key} is not read by method={method}: its hyperparameters are {info.hparams}.* "
+                             f"(configs/method/{method}.yaml)")
 
 
 def _check_groups(overrides: list[str]) -> None:
@@ -174,10 +200,10 @@ def _check_inputs(cfg) -> None:
     """Data files, the data-dependent rules (δ < 1/N, batches <= N, image sizes) and, on ``resume=``, the
     run's saved config and checkpoint, all checked before Hydra creates any directory."""
     from dpgen.core.pipeline import check_resume, validate
-    from dpgen.data import load_dataset
+    from dpgen.data import load_config_dataset
 
     try:
-        data = load_dataset(cfg.dataset.name, cfg.data_root)  # builds the cache the job will then read
+        data = load_config_dataset(cfg)  # builds the cache the job will then read
     except DpgenError as exc:
         if cfg.dataset.get("alias"):  # say which concrete dataset dataset=celeba chose for this method
             raise DpgenError(f"dataset={cfg.dataset.alias} is {cfg.dataset.name} for method={cfg.method.name}: "

@@ -23,7 +23,7 @@ from dpgen.core.methods import CONFIG_DIR, available
 from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import evaluate_generator, resolve_device
 from dpgen.core.schema import check_config, explain_config_error, load_run_config
-from dpgen.data import load_dataset
+from dpgen.data import load_config_dataset
 from dpgen.errors import DpgenError
 from dpgen.scripts_util import parse_kv
 
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     check_config(cfg)
     device = resolve_device(str(cfg.device))
     gen = load_generator(run_dir / "generator.pt", device)
-    data = load_dataset(cfg.dataset.name, cfg.data_root)
+    data = load_config_dataset(cfg)
     metrics = evaluate_generator(gen, data, cfg, device)
     old = run_dir / "metrics.json"
     if old.exists():

@@ -19,7 +19,7 @@ from dpgen.core.config import register_configs
 from dpgen.core.generator import load_generator
 from dpgen.core.pipeline import resolve_device
 from dpgen.core.schema import load_run_config
-from dpgen.data import load_dataset
+from dpgen.data import load_config_dataset
 from dpgen.errors import DpgenError
 from dpgen.eval.probe import VARIANTS, probe
 from dpgen.scripts_util import parse_int, parse_kv
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     cfg = load_run_config(run_dir)
     device = resolve_device(args["device"])
     gen = load_generator(run_dir / "generator.pt", device)
-    data = load_dataset(cfg.dataset.name, args["data_root"] or cfg.data_root)
+    data = load_config_dataset(cfg, args["data_root"] or cfg.data_root)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     res = probe(gen, data, tmp, n=n, epochs=epochs, seed=seed, device=device, variants=variants)

@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "tests/test_multi_process.py",
     "tests/test_docs.py",
     "tests/test_efsgd_cli.py",
+    "tests/test_data_folder.py",  # two quick-profile runs on the image-folder fixture
     "tests/test_eval_readings.py",
     "tests/test_secret_randomness.py",
     "tests/test_gpate_cli.py",

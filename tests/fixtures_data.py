@@ -175,3 +175,48 @@ def make_credit(data_root: Path, n: int = 50, n_fraud: int = 10, seed: int = 0) 
         lines.append(",".join(repr(float(v)) for v in row[:30]) + f',"{int(row[30])}"')
     path.write_text("\n".join(lines) + "\n")
     return table
+
+
+# ---------------------------------------------------------------- an image folder (dataset=folder)
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def fmnist_like(n_train: int, n_test: int) -> tuple[dict[str, np.ndarray], list[str], str]:
+    """``n_train`` and ``n_test`` 28×28 grey images per class: real Fashion-MNIST read by dpgen's idx loader when the
+    Debian package is installed, else scikit-learn's digits (so that CI without it runs the same tests).
+    Returns ({train_x, train_y, test_x, test_y}, class names, source)."""
+    from dpgen.data import idx
+
+    if all((FASHION_MNIST / f"{stem}.gz").is_file() for stem in idx.FILES.values()):
+        ds = idx._load_from_dirs("fmnist", [FASHION_MNIST], idx.FMNIST_CLASSES, "")
+        source = "fashion-mnist"
+    else:
+        from dpgen.data import digits
+
+        ds = digits.load()
+        source = "digits"
+    out = {}
+    for part, split, n in (("train", ds.train, n_train), ("test", ds.test, n_test)):
+        idx_ = np.concatenate([np.flatnonzero(split.y == c)[:n] for c in range(len(ds.classes))])
+        out[f"{part}_x"], out[f"{part}_y"] = split.x[idx_, 0], split.y[idx_]
+    return out, list(ds.classes), source
+
+
+def folder_name(cls: str) -> str:
+    """A class name as a folder name ("T-shirt/top" -> "T-shirt-top")."""
+    return cls.replace("/", "-")
+
+
+def make_image_folder(root: Path, n_train: int = 20, n_test: int = 4, test_dir: bool = True) -> dict:
+    """The F-MNIST-as-PNG fixture: ``root/train/<class>/<i>.png`` (and ``root/test/<class>/<i>.png`` when
+    ``test_dir``; else the test images go to train/ too). Returns the arrays, the folder class names (sorted: the
+    labels the loader gives) and the source."""
+    arrays, classes, source = fmnist_like(n_train, n_test)
+    names = [folder_name(c) for c in classes]
+    for part in ("train", "test"):
+        base = root / ("test" if part == "test" and test_dir else "train")
+        for i, (img, y) in enumerate(zip(arrays[f"{part}_x"], arrays[f"{part}_y"])):
+            path = base / names[int(y)] / f"{part}{i:04d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img, mode="L").save(path)
+    return {"arrays": arrays, "names": names, "sorted": sorted(names), "source": source}

@@ -5,8 +5,11 @@ test suite must kill.
 Each mutant names a file, one line's exact original text (it must occur exactly once in that file), its
 mutant, and the tests that must fail with it. The runner copies the tracked tree once into a scratch
 directory, applies one mutant at a time, runs its tests there (``PYTHONPATH`` = the copy) and restores the
-file. It exits 1 if any mutant survives (its tests pass) or no longer applies (the original line moved:
-update the entry), so a refactor cannot silently retire a mutant.
+file. A mutant is killed only when its tests ran and at least one of them failed (read from pytest's JUnit
+report). The runner exits 1 if any mutant survives (its tests pass), no longer applies (the original line
+moved: update the entry), or leaves no verdict: a collection error (the mutant broke an import), a fixture's
+error or a timeout is reported as such, never as a kill. So a refactor cannot silently retire a mutant, and a
+mutant that crashes the test run proves nothing about the tests.
 
 General mutation tools (mutmut, cosmic-ray) mutate every line and take hours here; this gate is the
 curated list of the mutations that matter for privacy (issue 18), and runs in minutes.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +48,13 @@ class Mutant:
 DPGAN_WIRING = "tests/test_dpgan_wiring.py"
 FETA_WIRING = "tests/test_feta_wiring.py"
 DPAF_SPY = "tests/test_dpaf_wiring.py::test_spy_sigma_clip_and_batches_match_the_ledger"
+DPAF_DPSGD = "tests/test_dpaf_dpsgd.py"
 SECRET = "tests/test_secret_randomness.py"
 PRECISION = "tests/test_precision.py"
 LEDGER = "tests/test_privacy_ledger.py"
 CALIBRATE = "tests/test_privacy_calibrate.py"
 AUDIT_BELOW = "tests/test_audit.py::test_audit_stays_below_the_claimed_epsilon"
+SAMPLING = "tests/test_privacy_sampling.py"
 
 MUTANTS: list[Mutant] = [
     # -- dpgan -------------------------------------------------------------------------------------------
@@ -154,6 +161,23 @@ MUTANTS: list[Mutant] = [
            "sample_c = _sampler(run, n, q1 / 2, 1, t1)", (DPAF_SPY,), "phase-1 Poisson rate halved vs the ledger"),
     Mutant("dpaf.one_group_sigma", "dpgen/dpaf/accounting.py", "self.zs = [z3, z2]", "self.zs = [z2]",
            (DPAF_SPY, "tests/test_dpaf_accounting.py"), "the joint event records one of its two Gaussians"),
+    # an empty Poisson batch releases pure noise; conv1=transfer|random|joint decides what phase 2's DP-SGD covers
+    Mutant("dpaf.empty_batch_skipped", "dpgen/dpaf/train.py", "                opt_c.empty_step()",
+           "                pass", (DPAF_DPSGD + "::test_an_empty_poisson_batch_releases_pure_noise_and_is_recorded",),
+           "an empty phase-1 batch is skipped, not released as noise (the skip reveals it)"),
+    Mutant("dpaf.empty_step_releases_nothing", "dpgen/dpaf/mechanisms.py", "        self.step()",
+           "        self.original_optimizer.step()",
+           (DPAF_DPSGD + "::test_an_empty_poisson_batch_releases_pure_noise_and_is_recorded",),
+           "empty_step takes the optimizer's step without DP-SGD's noise (nothing released)"),
+    Mutant("dpaf.joint_conv1_outside_dpsgd", "dpgen/dpaf/train.py",
+           "    dp_block = nn.ModuleList([d_net.conv1, d_net.conv2]) if joint else d_net.conv2",
+           "    dp_block = d_net.conv2",
+           (DPAF_DPSGD + "::test_phase2_dp_sgd_clips_and_noises_exactly_conv2_or_with_joint_conv1_too[joint]",),
+           "conv1=joint: conv1 left out of phase 2's DP-SGD (neither clipped, noised nor trained)"),
+    Mutant("dpaf.random_conv1_trained", "dpgen/dpaf/train.py", '    joint = hp.conv1 == "joint"',
+           '    joint = hp.conv1 != "transfer"',
+           (DPAF_DPSGD + "::test_phase2_dp_sgd_clips_and_noises_exactly_conv2_or_with_joint_conv1_too[random]",),
+           "conv1=random: the random conv1 is trained with conv2* (Table IV: never updated)"),
     # -- gpate -------------------------------------------------------------------------------------------
     Mutant('gpate.sigma2_half', 'dpgen/gpate/train.py',
            'cfg["sigma1"], cfg["sigma2"], cfg["threshold"], proj_gen',
@@ -372,8 +396,8 @@ MUTANTS: list[Mutant] = [
            'u = torch.rand(len(members), b, generator=g, device=self.mat.device)',
            ('tests/test_dpac_isolation.py::test_sampling_one_more_partition_changes_only_that_partitions_states',),
            "partition j's batches depend on which other partitions were sampled"),
-    Mutant('gswgan.uniform_draw_allowed_by_the_schema', 'dpgen/core/hparams/dpac.py',
-           '    if node.sampling == "uniform" and _privacy_on(ctx):',
+    Mutant('gswgan.uniform_draw_allowed_by_the_schema', 'dpgen/core/hparams/gswgan.py',
+           '    if node.sampling == "uniform" and privacy_on(ctx):',
            '    if False:',
            ('tests/test_dpac_config.py::test_the_uniform_draw_is_refused_where_a_valid_bound_is_claimed',),
            'the uniform draw (no valid bound) accepted under sound accounting by the config check'),
@@ -492,6 +516,42 @@ MUTANTS: list[Mutant] = [
     Mutant("privacy.guard_step_unrecorded", "dpgen/privacy/budget.py",
            "        self.ledger._append(LedgerEntry(**self.entry.to_dict()))", "        pass",
            (LEDGER + "::test_budget_guard_stops_exactly_at_target",), "a guarded step is not recorded in the ledger"),
+    # -- the Poisson samplers (dpgen/privacy/sampling.py: dpgan, feta, dpaf, the audit's canaries) -----------------
+    Mutant("privacy.poisson_batch_complement", "dpgen/privacy/sampling.py",
+           "    return (torch.rand(n, generator=g, device=device) < q).nonzero().squeeze(1)",
+           "    return (torch.rand(n, generator=g, device=device) >= q).nonzero().squeeze(1)",
+           (SAMPLING + "::test_poisson_batch_sizes_are_binomial_and_members_are_the_draws_below_q",),
+           "poisson_batch draws the complement of the sample (size n(1-q))"),
+    Mutant("privacy.poisson_chunk_complement", "dpgen/privacy/sampling.py",
+           "    mask = torch.rand(steps, n, generator=g, device=device) < q",
+           "    mask = torch.rand(steps, n, generator=g, device=device) >= q",
+           (SAMPLING + "::test_poisson_chunk_sizes_are_binomial_and_members_are_the_draws_below_q",),
+           "poisson_chunk draws the complement of the sample (size n(1-q))"),
+    Mutant("privacy.poisson_chunk_rate_doubled", "dpgen/privacy/sampling.py",
+           "    mask = torch.rand(steps, n, generator=g, device=device) < q",
+           "    mask = torch.rand(steps, n, generator=g, device=device) < 2 * q",
+           (SAMPLING + "::test_poisson_chunk_sizes_are_binomial_and_members_are_the_draws_below_q",),
+           "poisson_chunk samples at twice the rate the ledger accounts"),
+    Mutant("privacy.poisson_chunk_non_members", "dpgen/privacy/sampling.py",
+           "    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)",
+           "    order = torch.argsort(mask.to(torch.uint8), dim=1, stable=True)",
+           (SAMPLING + "::test_poisson_chunk_sizes_are_binomial_and_members_are_the_draws_below_q",),
+           "poisson_chunk returns the right number of records, but not the sampled ones"),
+    Mutant("privacy.sampler_rate_halved", "dpgen/privacy/sampling.py",
+           "        self.n, self.q, self.chunk, self.device = n, float(q), max(1, int(chunk)), device",
+           "        self.n, self.q, self.chunk, self.device = n, float(q) / 2, max(1, int(chunk)), device",
+           (SAMPLING + "::test_poisson_sampler_sizes_are_binomial_at_its_rate",),
+           "PoissonSampler samples at half the rate it is given"),
+    Mutant("privacy.sampler_chunks_share_one_fork", "dpgen/privacy/sampling.py",
+           "poisson_chunk(self.n, self.q, self.chunk, self.generator.fork(c), self.device))",
+           "poisson_chunk(self.n, self.q, self.chunk, self.generator.fork(0), self.device))",
+           (SAMPLING + "::test_poisson_sampler_step_s_is_row_s_mod_chunk_of_fork_s_div_chunk",),
+           "every chunk of a PoissonSampler replays chunk 0's batches"),
+    Mutant("privacy.sampler_one_batch_per_chunk", "dpgen/privacy/sampling.py",
+           "        return self._cached[1][step % self.chunk]",
+           "        return self._cached[1][0]",
+           (SAMPLING + "::test_poisson_sampler_step_s_is_row_s_mod_chunk_of_fork_s_div_chunk",),
+           "the steps of a chunk all get its first batch (samples repeated, not independent)"),
     # -- the one-run audit (dpgen/audit): a mechanism without its noise or its clip, caught by measuring ------
     Mutant("audit.dpsgd_noise_removed", "dpgen/privacy/optimizer.py",
            "            p.grad = (s + noise).view_as(p)",
@@ -569,6 +629,11 @@ MUTANTS: list[Mutant] = [
            "root = dist.broadcast(fixed_root(seed) if noise_seed is None else fixed_root(noise_seed))",
            (SECRET + "::test_a_replay_of_the_public_config_does_not_reproduce_the_release[gpate]",),
            "the secret root derived from the public seed"),
+    Mutant("secret.streams_replayed_after_resume", "dpgen/core/streams.py",
+           "        if self._saved is not None and name in self._saved[kind]:",
+           '        if self._saved is not None and name in self._saved[kind] and kind == "public":',
+           ("tests/test_resume_streams.py::test_resume_continues_the_secret_streams_on_the_cpu[dpgan-3-overrides0]",),
+           "a resumed run's secret streams start again from the root: the noise of the first steps is drawn again"),
     Mutant("secret.secure_noise_one_draw", "dpgen/privacy/randomness.py",
            "        for _ in range(SECURE_DRAWS - 1):", "        for _ in range(0):",
            (SECRET + "::test_secure_noise_has_the_same_mean_and_std",),
@@ -642,8 +707,51 @@ def check_applies(m: Mutant, tree: Path) -> str | None:
     return None if count == 1 else f"original line found {count} times in {m.file}"
 
 
+#: a pytest-timeout failure (its ``timeout`` ini option, or a test's ``timeout`` mark): a hang, not a detection
+_TIMEOUT_FAILURE = re.compile(r"^Failed: Timeout")
+
+
+def classify(rc: int, junit: str | None) -> str:
+    """The verdict on one mutant's test run, from pytest's exit status and its JUnit XML report.
+
+    'killed' only when pytest ran the named tests and at least one FAILED (an assertion, or an exception in
+    the test's body). A collection error (the mutant broke an import: SyntaxError, NameError at import), a
+    fixture's setup or teardown error and a test stopped by pytest-timeout are no detection: they are
+    'error: ...' and 'timeout: ...', which fail the gate like a survivor, saying what happened."""
+    if rc == 0:
+        return "survived"
+    if rc == 5:
+        return "stale: pytest collected no test (test ids?)"
+    if rc == 4:
+        return "error: pytest usage error (a test id not found, or conftest.py failed to import)"
+    if rc == 3:
+        return "error: pytest internal error"
+    if junit is None:
+        return f"error: pytest exit {rc} without a report"
+    failed, timeouts, errors = [], [], []
+    for case in ElementTree.fromstring(junit).iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
+        for el in case:
+            message = (el.get("message") or "").strip().splitlines()
+            message = message[0][:120] if message else ""
+            if el.tag == "error":
+                errors.append(f"{name}: {message}")
+            elif el.tag == "failure":
+                (timeouts if _TIMEOUT_FAILURE.match(message) else failed).append(f"{name}: {message}")
+    collection = [e for e in errors if "collection failure" in e]
+    if collection:
+        return f"error: collection failed ({collection[0]})"
+    if failed:
+        return "killed"
+    if timeouts:
+        return f"timeout: {timeouts[0]}"
+    if errors:
+        return f"error: {errors[0]}"
+    return f"error: pytest exit {rc} and no failed test in its report"
+
+
 def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
-    """'killed' | 'survived' | 'stale: ...' and the seconds its tests took."""
+    """The verdict on ``m`` (:func:`classify`, or 'stale: ...' / 'timeout: ...') and the seconds its tests took."""
     path = tree / m.file
     text = path.read_text()
     why = check_applies(m, tree)
@@ -652,21 +760,18 @@ def run_mutant(m: Mutant, tree: Path, timeout: int) -> tuple[str, float]:
     path.write_text(text.replace(m.original, m.mutant))
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.time()
-    try:
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                              "-m", "slow or not slow", *m.tests], cwd=tree, env=env, capture_output=True,
-                             text=True, timeout=timeout)
-        rc = res.returncode
-    except subprocess.TimeoutExpired:
-        rc = -1  # a hang is a detection too, but say so
-    finally:
-        path.write_text(text)
-    seconds = time.time() - t0
-    if rc == 0:
-        return "survived", seconds
-    if rc in (4, 5):  # usage error / no tests collected: the entry is broken, not the mutant killed
-        return f"stale: pytest exit {rc} (test ids?)", seconds
-    return ("killed (timeout)" if rc == -1 else "killed"), seconds
+    with tempfile.TemporaryDirectory(prefix="dpgen-mutant-report-") as tmp:
+        report = Path(tmp) / "junit.xml"
+        try:
+            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                  f"--junitxml={report}", "-m", "slow or not slow", *m.tests], cwd=tree, env=env,
+                                 capture_output=True, text=True, timeout=timeout)
+            verdict = classify(res.returncode, report.read_text() if report.is_file() else None)
+        except subprocess.TimeoutExpired:
+            verdict = f"timeout: its tests ran past {timeout} s"
+        finally:
+            path.write_text(text)
+    return verdict, time.time() - t0
 
 
 def main(argv: list[str]) -> int:
@@ -691,7 +796,7 @@ def main(argv: list[str]) -> int:
         for m in chosen:
             verdict, seconds = run_mutant(m, tree, args.timeout)
             print(f"{verdict:18s} {seconds:7.1f}s  {m.id}  ({m.why})", flush=True)
-            if not verdict.startswith("killed"):
+            if verdict != "killed":
                 failures.append(m.id)
     print(f"{len(chosen) - len(failures)}/{len(chosen)} mutants killed in {time.time() - t_all:.0f}s")
     if failures:

@@ -98,9 +98,10 @@ def test_coins_are_fair_and_secret():
 
 #: tiny audits on the first 300 digits: batches of half the data and enough steps that an included canary is
 #: sampled (q·T ≥ 6), so the audit has power; each run takes seconds
-_ENSEMBLE_AUDIT = ["iters=24", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
-                   "batch_size=64", "g_width=8", "d_width=4", "classifier.start=2", "classifier.n_fake=1",
-                   "classifier.n_real=1", "classifier.fake_batch=10"]
+_GSWGAN_AUDIT = ["iters=24", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4",
+                 "critic_iters=1", "batch_size=64", "g_width=8", "d_width=4"]
+_ENSEMBLE_AUDIT = _GSWGAN_AUDIT + ["classifier.start=2", "classifier.n_fake=1", "classifier.n_real=1",
+                                   "classifier.fake_batch=10"]
 _ENSEMBLE_CANARIES = ["audit.canaries=256", "audit.guesses=64"]
 AUDIT_TINY: dict[str, list[str]] = {
     "dpgan": ["dpgan.iters=12", "dpgan.batch_size=150", "dpgan.g_width=8", "dpgan.d_width=8"],
@@ -116,7 +117,7 @@ AUDIT_TINY: dict[str, list[str]] = {
     # the GS-WGAN family: K=4 partitions drawn T=24 times (each ~6 times), B=64 rows, so m=256 = K*B canaries
     # (one per partition and row) and 64 + 64 guesses: eps_lb ~3.4 when all are right, with the 5 % split among
     # efsgd's four tests
-    "gswgan": [f"dpac.{o}" for o in _ENSEMBLE_AUDIT] + _ENSEMBLE_CANARIES,
+    "gswgan": [f"gswgan.{o}" for o in _GSWGAN_AUDIT] + _ENSEMBLE_CANARIES,
     "dpac": [f"dpac.{o}" for o in _ENSEMBLE_AUDIT] + ["dpac.sanitize=per_path"] + _ENSEMBLE_CANARIES,
     "efsgd": [f"efsgd.{o}" for o in _ENSEMBLE_AUDIT] + ["efsgd.encoder.width=4", "efsgd.encoder.steps=1"]
     + _ENSEMBLE_CANARIES,
@@ -170,7 +171,7 @@ def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300) 
 #: favour (quick: ε 0.1 of the run's).
 HALF_NOISE: dict[str, tuple[str, tuple[str, ...], int, str]] = {
     "dpgan": ("dpgan", (), 300, "DP-SGD noise"),
-    "gswgan-wide": ("gswgan", ("dpac.num_discriminators=128", "dpac.batch_size=4", "dpac.partitions_per_iter=32",
+    "gswgan-wide": ("gswgan", ("gswgan.num_discriminators=128", "gswgan.batch_size=4", "gswgan.partitions_per_iter=32",
                                "audit.canaries=2048", "audit.guesses=100"), 1200, "sanitizer noise"),
     "gpate": ("gpate", (), 300, "GNMax argmax"),
     "dpaf-dpagg": ("dpaf", ("dpaf.split=[0.1,0.1,null]",), 300, "DPAGG"),
@@ -385,7 +386,7 @@ def test_an_audit_run_is_not_resumed_by_train(capsys, tmp_path, monkeypatch):
     (["audit.canaries=abc"], "audit.canaries"),
     (["audit.typo=3"], "unknown key audit.typo"),
     (["method=gswgan", "audit.canaries=13000"], "audit.canaries=13000 is invalid; expected at most "
-                                                 "4 * dpac.num_discriminators * dpac.batch_size = 12800"),
+                                                 "4 * gswgan.num_discriminators * gswgan.batch_size = 12800"),
     (["delta=5e-4"], "1/(N + canaries)"),
     (["eps=0"], "eps"),
 ])

@@ -180,7 +180,7 @@ def ef_sanitize_before_audit(self, g: torch.Tensor, k, y, scale: float = 1.0) ->
 
 
 @pytest.mark.parametrize("method,extra", [("gswgan", ()), ("dpac", ("dpac.sanitize=per_path",)), ("efsgd", ()),
-                                          ("gswgan", ("dpac.partitions_per_iter=2",))])
+                                          ("gswgan", ("gswgan.partitions_per_iter=2",))])
 def test_a_run_without_audit_releases_what_it_did_before_the_hook(method, extra, tmp_path, monkeypatch):
     from tiny import train_in_memory
 

@@ -127,7 +127,7 @@ def test_bad_value_is_one_line_naming_the_key_before_anything_exists(capsys, wor
 # A type error and a range error in every method's hyperparameter block (the key as the user types it).
 BAD_HPARAMS = {
     "dpgan": ("dpgan.iters=many", "dpgan.n_critic=0"),
-    "gswgan": ("dpac.clip=abc", "dpac.batch_size=0"),
+    "gswgan": ("gswgan.clip=abc", "gswgan.batch_size=0"),
     "dpac": ("dpac.classifier.enabled=maybe", "dpac.beta=1.5"),
     "efsgd": ("efsgd.sigma_noise=abc", "efsgd.encoder.code=leaky"),
     "gpate": ("gpate.bins=x", "gpate.bins=1"),

@@ -61,6 +61,7 @@ def _colour_class(img_chw: np.ndarray, n_classes: int) -> int:
 def test_dataset_names():
     assert DATASETS == (
         "digits", "fmnist", "mnist", "celeba32", "celeba64", "celeba_hair64", "ffhq128", "camelyon", "credit",
+        "folder",
     )
 
 

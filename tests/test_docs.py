@@ -303,7 +303,7 @@ def _alternatives(value: str) -> tuple[list[str], bool]:
         for alt in _split_top(part, "|"):
             m = re.fullmatch(r"<([^<>]*)>", alt)
             if m:
-                inner = [PLACEHOLDERS.get(x) for x in m.group(1).split("|")]
+                inner = [stand_in(x) for x in m.group(1).split("|")]
                 if all(x is None for x in inner):
                     placeholder = True
                     continue
@@ -313,6 +313,31 @@ def _alternatives(value: str) -> tuple[list[str], bool]:
             else:
                 out.append(alt)
     return out, placeholder and not out
+
+
+def stand_in(placeholder: str) -> str | None:
+    """The value a ``<placeholder>`` stands for when composing (None: only its key must exist). ``<folder>``, an
+    image folder's path, stands for a real one: composing ``dataset=folder`` lists it to set δ below 1/N."""
+    return image_folder() if placeholder == "folder" else PLACEHOLDERS.get(placeholder)
+
+
+@functools.lru_cache(maxsize=None)
+def image_folder() -> str:
+    """A folder with train/ and test/, each of two classes of two 28×28 PNGs (removed when the process exits)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from PIL import Image
+
+    root = Path(tempfile.mkdtemp(prefix="dpgen-docs-folder-"))
+    atexit.register(shutil.rmtree, root, True)
+    for part in ("train", "test"):
+        for cls in ("a", "b"):
+            (root / part / cls).mkdir(parents=True)
+            for i in range(2):
+                Image.new("L", (28, 28), 40 * i).save(root / part / cls / f"{i}.png")
+    return str(root)
 
 
 def _split_top(text: str, sep: str) -> list[str]:

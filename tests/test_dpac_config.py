@@ -87,7 +87,7 @@ def test_training_loop_steps_g_at_the_scheduled_rate(method, tmp_path, monkeypat
         self.opt_g.step = spy_step
 
     monkeypatch.setattr(tr.EnsembleSetup, "__init__", init)
-    block = "efsgd" if method == "efsgd" else "dpac"
+    block = method  # each method of the family has its own block
     _, _, run = train_in_memory(method, tmp_path, f"{block}.iters=6", f"{block}.g_lr=1e-3",
                                 f"{block}.g_lr_decay_start=0.5", eps="inf")
     hp = OmegaConf.create({"lr": 1.0, "g_lr": 1e-3, "g_lr_decay_start": 0.5})
@@ -103,7 +103,7 @@ def test_kept_classifier_is_refused_by_the_schema_under_sound_accounting(method)
     from dpgen.errors import DpgenError
 
     register_configs()
-    block = "efsgd" if method == "efsgd" else "dpac"
+    block = method  # each method of the family has its own block
     base = [f"method={method}", "dataset=fmnist", f"{block}.classifier.enabled=true", f"{block}.classifier.reinit=false"]
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         sound = compose("train", overrides=[*base, "eps=10"])
@@ -121,14 +121,14 @@ def test_kept_classifier_is_refused_by_the_schema_under_sound_accounting(method)
 
 
 def test_grad_basis_larger_than_the_image_is_refused_before_any_run_directory(tmp_path):
-    """dpac.grad_basis counts DCT atoms of the image: more atoms than pixels is one line, exit 2, nothing written."""
+    """gswgan.grad_basis counts DCT atoms of the image: more atoms than pixels is one line, exit 2, nothing written."""
     from conftest import run_script
 
-    res = run_script("train.py", "method=gswgan", "dataset=digits", "dpac.grad_basis=785",
+    res = run_script("train.py", "method=gswgan", "dataset=digits", "gswgan.grad_basis=785",
                      f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == \
-        "error: dpac.grad_basis=785 is invalid; expected at most the image size 784 (or null)"
+        "error: gswgan.grad_basis=785 is invalid; expected at most the image size 784 (or null)"
     assert not (tmp_path / "run").exists()
 
 
@@ -141,7 +141,7 @@ def test_the_uniform_draw_is_refused_where_a_valid_bound_is_claimed(method, tmp_
     from dpgen.core.schema import check_config
     from dpgen.errors import DpgenError
 
-    block = "efsgd" if method == "efsgd" else "dpac"
+    block = method  # each method of the family has its own block
     with pytest.raises(DpgenError, match=rf"^{block}\.sampling=uniform \(one partition per iteration, as the paper\) "
                                          "has no valid sound bound"):
         check_config(compose_cfg(method, f"{block}.sampling=uniform"))
@@ -161,7 +161,7 @@ def test_train_refuses_the_uniform_draw_under_sound_accounting(method, tmp_path)
 
     from dpgen.errors import DpgenError
 
-    block = "efsgd" if method == "efsgd" else "dpac"
+    block = method  # each method of the family has its own block
     with pytest.raises(DpgenError, match=rf"^{block}\.sampling=uniform .* has no valid sound bound"):
         train_in_memory(method, tmp_path, f"{block}.sampling=uniform")
     assert not (tmp_path / "checkpoints").exists()

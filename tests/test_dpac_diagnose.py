@@ -54,7 +54,7 @@ def test_the_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_thread,
     tr = importlib.import_module("dpgen.gswgan.train")
     from dpgen.dpac.diagnose import probe_step
 
-    over = [*TINY["gswgan"], "dpac.noise_multiplier=1"]
+    over = [*TINY["gswgan"], "gswgan.noise_multiplier=1"]
     plain, _, _ = train_in_memory("gswgan", tmp_path / "a", *over, noise_seed=4)
     original, gen = tr.generator_step, torch.Generator().manual_seed(0)
 
@@ -84,7 +84,7 @@ def test_every_release_path_is_probed_against_its_own_noise(tmp_path, one_torch_
     in both runs)."""
     from dpgen.dpac.diagnose import measure
 
-    key = "efsgd" if method == "efsgd" else "dpac"
+    key = method  # each method of the family has its own block
     many = [] if over == PRIVATE_CODE else [f"{key}.partitions_per_iter=2"]  # Poisson: some sampled partitions
     rows = {z: measure(method, 10, 3, str(tmp_path / "data"),
                        [*TINY[method], *over, *many, f"{key}.noise_multiplier={z}"], dataset="digits", noise_seed=0)
@@ -127,7 +127,7 @@ def test_the_path_probe_leaves_the_training_run_unchanged(tmp_path, one_torch_th
 
     from dpgen.gswgan.diagnose import extension_classes, probe_paths
 
-    key = "efsgd" if method == "efsgd" else "dpac"
+    key = method  # each method of the family has its own block
     over = [*TINY[method], f"{key}.noise_multiplier=20", f"{key}.sanitize=per_path"]
     plain, _, _ = train_in_memory(method, tmp_path / "a", *over, noise_seed=4)
     cls, gen, seen = extension_classes()[method], torch.Generator().manual_seed(0), []

@@ -56,8 +56,8 @@ CASES = {  # name: (method, accounting, extra overrides)
 
 
 def _overrides(method: str, extra: list[str]) -> list[str]:
-    key = "efsgd" if method == "efsgd" else "dpac"
-    return [f"{key}.{o}" for o in COMMON + extra]
+    key = method  # each method of the family has its own block; GS-WGAN's has no classifier
+    return [f"{key}.{o}" for o in COMMON + extra if method != "gswgan" or not o.startswith("classifier.")]
 
 
 def _train(method, accounting, overrides, run_dir, data, monkeypatch=None, last_draw=None):

@@ -194,10 +194,10 @@ def test_spy_sigma_clip_and_partition_reads_match_the_ledger(case, tmp_path, mon
     method, sanitize, basis, per_iter = SPY_CASES[case]
     data = load_dataset("digits", str(tmp_path / "data"))
     spy = Spy(monkeypatch, data)
-    key = "efsgd" if method == "efsgd" else "dpac"
+    key = method  # each method of the family has its own block
     uniform = per_iter == "uniform"
-    extra = [f"dpac.sanitize={sanitize}"] if sanitize and method != "efsgd" else []
-    extra += [f"dpac.grad_basis={basis}"] if basis else []
+    extra = [f"dpac.sanitize={sanitize}"] if sanitize and method == "dpac" else []
+    extra += [f"{key}.grad_basis={basis}"] if basis else []
     extra += [f"{key}.sampling=uniform"] if uniform else [f"{key}.partitions_per_iter={per_iter}"]
     private = sanitize == "per_path_private"
     if method == "efsgd":  # per_path: the paper's e_d, e_c apart; joint (default): -D - λ_c·C through one sanitiser;
@@ -277,7 +277,7 @@ def _planned_entries(method: str, z: float, n: int, sanitize: str | None = None)
 @pytest.mark.parametrize("method,z,sanitize", [("gswgan", 6.0, None), ("dpac", 8.0, "per_path"), ("dpac", 6.0, "joint"),
                                                ("efsgd", 10.0, "per_path")])
 def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, tmp_path):
-    key = "efsgd" if method == "efsgd" else "dpac"
+    key = method
     target, planned = 3.0, 40
     extra = [f"{key}.sanitize={sanitize}"] if sanitize else []
     _, ledger, _ = train_in_memory(method, tmp_path, f"{key}.noise_multiplier={z}", f"{key}.iters={planned}", *extra,
@@ -293,14 +293,14 @@ def test_budget_guard_stops_at_the_last_allowed_iteration(method, z, sanitize, t
 def test_paper_budget_stops_at_the_paper_analysis_cap(tmp_path):
     from dpgen.gswgan.accounting import paper_max_iters
 
-    _, ledger, _ = train_in_memory("gswgan", tmp_path, "dpac.noise_multiplier=6", "dpac.iters=40", eps=3.0,
+    _, ledger, _ = train_in_memory("gswgan", tmp_path, "gswgan.noise_multiplier=6", "gswgan.iters=40", eps=3.0,
                                    accounting="paper")
     cap = paper_max_iters(6.0, K, B, 1e-5, 3.0, 40)
     assert 0 < cap < 40 and sum(e.count for e in ledger.entries) == cap
     assert ledger.report_epsilon() <= 3.0
     # the paper's analysis extended to m partitions per iteration: m of K sampled without replacement
-    _, ledger, _ = train_in_memory("gswgan", tmp_path / "m2", "dpac.noise_multiplier=6", "dpac.iters=40",
-                                   "dpac.partitions_per_iter=2", eps=3.0, accounting="paper")
+    _, ledger, _ = train_in_memory("gswgan", tmp_path / "m2", "gswgan.noise_multiplier=6", "gswgan.iters=40",
+                                   "gswgan.partitions_per_iter=2", eps=3.0, accounting="paper")
     cap = paper_max_iters(6.0, K, B, 1e-5, 3.0, 40, per_iter=2)
     assert 0 < cap < 40 and sum(e.count for e in ledger.entries) == cap
     assert ledger.report_epsilon() <= 3.0

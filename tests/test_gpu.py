@@ -4,7 +4,9 @@ Marked ``gpu``: excluded from ``make test``; run with ``pytest -m gpu`` (skipped
 are reported by ``torch.cuda.set_sync_debug_mode("warn")`` (each with the Python line that caused it, shown
 with ``-s``); the CPU harness (tests/test_device_discipline.py) is the test that enforces their budget.
 Checked here: nothing crashes on CUDA, the resumed run ends where it should, and the released generator
-lives and samples on the GPU.
+lives and samples on the GPU; and a run resumed on CUDA continues its secret streams where the interrupted run left
+them, as an uninterrupted CUDA run draws them, never replaying noise drawn before the restore
+(``tests/test_resume_streams.py``, whose CPU twin runs in ``make test``).
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 import torch
 
 from test_device_discipline import CASES, credit  # noqa: F401 (credit: the fixture)
+from test_resume_streams import check_resume_continues_the_secret_streams
+from tiny import METHODS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -68,3 +72,14 @@ def test_two_steps_and_a_resume_on_cuda(case, tmp_path, request):
     if not data or not data.tabular:
         x, y = gen.sample(4, labels=torch.arange(4) % gen.num_classes, seed=0)
         assert torch.isfinite(x).all()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_resume_on_cuda_continues_the_secret_streams(method, tmp_path, monkeypatch):
+    """Uninterrupted, stopped and resumed CUDA runs with one noise seed: the secret draws before the stop and after
+    the restore are the uninterrupted run's one for one, none after the restore repeats noise drawn before it, and
+    the streams' states, the ledger and ε are the uninterrupted run's exactly. The released weights agree within
+    a tolerance only: CUDA kernels (cuDNN's convolution backward, atomic adds) may sum in another order."""
+    _, stop, overrides, _ = CASES[method]
+    check_resume_continues_the_secret_streams(torch.device("cuda"), method, tmp_path, monkeypatch, stop, *overrides,
+                                              weights_tol=(1e-3, 1e-4))

@@ -69,7 +69,7 @@ def test_budget_stops_the_ensemble_pretraining_and_extrapolates_it(tmp_path, one
     measured, the full pre-training extrapolated, and the row says so instead of failing."""
     budget = 12  # the tiny setup takes ~3.5 s on a loaded 2-core machine; the pre-training would take hours
     t = time.perf_counter()
-    rows = _bench().main(["--tiny", "--inline", "--methods", "gswgan", "--set", "dpac.pretrain_iters=100000",
+    rows = _bench().main(["--tiny", "--inline", "--methods", "gswgan", "--set", "gswgan.pretrain_iters=100000",
                           "--budget", str(budget), "--data-root", str(tmp_path / "data")])
     elapsed = time.perf_counter() - t
     r = rows[0]

@@ -353,7 +353,7 @@ class TestGswganRun:
         _sys.path.insert(0, str(ROOT / "tests"))
         from tiny import TINY
 
-        base = [*TINY["gswgan"], "dpac.num_discriminators=4", "dpac.pretrain_chunk=2",
+        base = [*TINY["gswgan"], "gswgan.num_discriminators=4", "gswgan.pretrain_chunk=2",
                 *[o for o in TINY_DPDM if not o.startswith(("method=", "feta.", "eps="))], "method=gswgan", "eps=10"]
         one, two = _train_side_by_side(tmp_path, base=base)
         assert one.returncode == 0, one.stderr[-3000:]

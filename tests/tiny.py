@@ -16,14 +16,14 @@ from conftest import in_memory_run
 
 METHODS = ("dpgan", "gswgan", "dpac", "efsgd", "gpate", "dpaf", "feta", "dpdm")
 
-_ENSEMBLE = ["iters=4", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4", "critic_iters=1",
-             "batch_size=8", "g_width=8", "d_width=4", "classifier.start=2", "classifier.n_fake=1",
-             "classifier.n_real=1", "classifier.fake_batch=10"]
+_GSWGAN = ["iters=4", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4",
+           "critic_iters=1", "batch_size=8", "g_width=8", "d_width=4"]
+_ENSEMBLE = _GSWGAN + ["classifier.start=2", "classifier.n_fake=1", "classifier.n_real=1", "classifier.fake_batch=10"]
 _FETA = ["iters=2", "batch_size=32", "multiplicity=2", "micro_batch=16", "unet.nf=4", "sampler.steps=2"]
 
 TINY: dict[str, list[str]] = {
     "dpgan": ["dpgan.iters=6", "dpgan.batch_size=64", "dpgan.g_width=8", "dpgan.d_width=8"],
-    "gswgan": [f"dpac.{o}" for o in _ENSEMBLE],
+    "gswgan": [f"gswgan.{o}" for o in _GSWGAN],
     "dpac": [f"dpac.{o}" for o in _ENSEMBLE],
     "efsgd": [f"efsgd.{o}" for o in _ENSEMBLE] + ["efsgd.encoder.width=4", "efsgd.encoder.steps=1",
                                                    "efsgd.clip=0.01", "efsgd.C2=0.02"],

@@ -42,8 +42,11 @@ LATER_FINGERPRINT_KEYS: dict = {"precision": "fp32"}   # issue 24: earlier runs 
 
 def fingerprint_diff(stored: dict, current: dict) -> str | None:
     """The first differing fingerprint settings as "key: old -> new" (None when they agree); a key that a
-    fingerprint predates counts with its :data:`LATER_FINGERPRINT_KEYS` value."""
-    stored, current = {**LATER_FINGERPRINT_KEYS, **stored}, {**LATER_FINGERPRINT_KEYS, **current}
+    fingerprint predates counts with its :data:`LATER_FINGERPRINT_KEYS` value, and hyperparameters saved under a
+    block that has since moved as the new block's (:func:`dpgen.core.schema.saved_fingerprint`)."""
+    from dpgen.core.schema import saved_fingerprint
+
+    stored, current = {**LATER_FINGERPRINT_KEYS, **saved_fingerprint(stored)}, {**LATER_FINGERPRINT_KEYS, **current}
     diff = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
     return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
 

@@ -3,6 +3,9 @@ structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`reg
 
 - ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
 - ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
+- ``${by_method:{dpaf: 64, default: 32}}``: the value for the active method.
+- ``${folder_delta:}``: ``dataset=folder``'s default δ, the largest power of ten below 1/N
+  (:func:`dpgen.data.folder.default_delta`: the folder is listed, nothing is decoded).
 - ``${eps_tag:${eps}}``: ε as a directory name (10 and 10.0 both give ``10``).
 - ``${run_dir:${resume},DEFAULT}`` / ``${hydra_subdir:${resume},${hydra.runtime.output_dir}}``: a resumed
   run keeps writing into its original directory, and its new Hydra config goes beside (not over) the old one;
@@ -34,6 +37,22 @@ def _by_dataset(table, *, _root_):
     if "default" in table:
         return _box(table["default"])
     raise DpgenError(f"no value for dataset {name!r} in {dict(table)}; add it to the method config")
+
+
+def _by_method(table, *, _root_):
+    name = _root_.method.name
+    if name in table:
+        return _box(table[name])
+    if "default" in table:
+        return _box(table["default"])
+    raise DpgenError(f"no value for method {name!r} in {dict(table)}; add it to the dataset config")
+
+
+def _folder_delta(*, _root_):
+    from dpgen.data import dataset_options
+    from dpgen.data.folder import default_delta
+
+    return default_delta(dataset_options(_root_.dataset))
 
 
 def _eps_tag(eps) -> str:
@@ -77,6 +96,8 @@ def register_configs() -> None:
     for name, fn in {
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
+        "by_method": _by_method,
+        "folder_delta": _folder_delta,
         "eps_tag": _eps_tag,
         "run_dir": lambda resume, default: default if resume in (None, "", "null", "auto") else str(resume),
         "hydra_subdir": _hydra_subdir,

@@ -41,7 +41,7 @@ class MethodInfo:
 #: every method ``method=<name>`` can select (one ``configs/method/<name>.yaml`` each)
 METHODS: dict[str, MethodInfo] = {
     "dpgan": MethodInfo("dpgen.dpgan", "dpgan"),
-    "gswgan": MethodInfo("dpgen.gswgan", "dpac", multi_process=True),
+    "gswgan": MethodInfo("dpgen.gswgan", "gswgan", multi_process=True),
     "dpac": MethodInfo("dpgen.dpac", "dpac", multi_process=True),
     "efsgd": MethodInfo("dpgen.efsgd", "efsgd", multi_process=True),
     "gpate": MethodInfo("dpgen.gpate", "gpate", multi_process=True),

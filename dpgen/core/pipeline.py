@@ -24,7 +24,7 @@ from dpgen.core.methods import load_method
 from dpgen.core.precision import run_precision
 from dpgen.core.resume import resume_dir
 from dpgen.core.run import Run
-from dpgen.data import load_dataset
+from dpgen.data import load_config_dataset
 from dpgen.data.base import ImageDataset
 from dpgen.data.torch_utils import to_uint8
 from dpgen.errors import DpgenError
@@ -151,7 +151,7 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
         log.info("dataset=%s resolves to %s for method=%s: %s", cfg.dataset.alias, cfg.dataset.name, cfg.method.name,
                  cfg.dataset.get("note"))
     if data is None:
-        data = load_dataset(cfg.dataset.name, cfg.data_root)
+        data = load_config_dataset(cfg)
     validate(cfg, data)
     delta = float(cfg.delta)
     target = parse_epsilon(cfg.eps)

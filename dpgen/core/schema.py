@@ -11,8 +11,8 @@ top level / train  :class:`TrainSchema` (eps, delta, seed, device, data_root, ..
 ``dataset``        :class:`DatasetSchema`
 ``eval``           :data:`EvalSchema` (generated from :class:`dpgen.eval.config.EvalConfig`)
 ``method``         :class:`MethodSchema` (name/module/hparams must match :data:`dpgen.core.methods.METHODS`)
-hyperparameters    one module per block in :mod:`dpgen.core.hparams` (``dpgan``, ``dpac`` for dpac and
-                   gswgan, ``efsgd``, ``gpate``, ``dpaf``, ``feta`` for feta and dpdm)
+hyperparameters    one module per block in :mod:`dpgen.core.hparams` (``dpgan``, ``gswgan``, ``dpac``,
+                   ``efsgd``, ``gpate``, ``dpaf``, ``feta`` for feta and dpdm)
 =================  ==========================================================
 
 A field's allowed values are declared next to its type with :func:`dpgen.core.checks.spec` (``ge``, ``gt``, ``le``, ``lt``,
@@ -34,14 +34,17 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_block, describe_type, nested,
                                spec)
-from dpgen.core.hparams import DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams
+from dpgen.core.hparams import (DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams,
+                                GswganHparams)
+from dpgen.core.hparams.gswgan import gswgan_block_from_dpac
 from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, PRECISIONS
+from dpgen.data.folder import CHANNELS as FOLDER_CHANNELS, RESOLUTIONS as FOLDER_RESOLUTIONS
 from dpgen.errors import DpgenError
 
 
@@ -65,12 +68,24 @@ class DatasetSchema:
     #: method's paper setting (configs/paper_dataset/<alias>_<method>.yaml)
     alias: Optional[str] = None
     note: Optional[str] = None   # why this concrete dataset (the paper's setting), logged
+    #: dataset=folder only (configs/dataset/folder.yaml, dpgen/data/folder.py): the folder of images, one
+    #: sub-folder per class; the square size and channel count they are resized to (settings, never read off
+    #: the images); the share of each class held out when the folder has no test/
+    path: Optional[str] = None
+    resolution: Optional[int] = spec(None, choices=FOLDER_RESOLUTIONS)
+    channels: Optional[int] = spec(None, choices=FOLDER_CHANNELS)
+    test_fraction: Optional[float] = spec(None, gt=0.0, lt=1.0)
 
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
         from dpgen.data import DATASETS
+        from dpgen.data.folder import NAME, OPTIONS
 
         if node.name in DATASETS:
+            given = [k for k in OPTIONS if node.get(k) is not None]
+            if node.name != NAME and given:
+                raise bad(f"dataset.{given[0]}", node[given[0]], f"null: dataset={node.name} does not read it "
+                          f"(only dataset={NAME} does)")
             return
         if node.alias is not None:
             from dpgen.data.aliases import alias_help
@@ -239,6 +254,7 @@ class TrainSchema:
     audit: Optional[AuditSchema] = None  # set by configs/audit.yaml (scripts/audit.py) only
     # one hyperparameter block per method family (only the selected method's block is set)
     dpgan: Optional[DpganHparams] = None
+    gswgan: Optional[GswganHparams] = None
     dpac: Optional[DpacHparams] = None
     efsgd: Optional[EfsgdHparams] = None
     gpate: Optional[GpateHparams] = None
@@ -287,8 +303,9 @@ def check_multi_process(cfg: Any, several: bool | None = None) -> None:
 
 
 #: hyperparameter block name -> its schema (the TrainSchema field of the same name)
-HPARAM_SCHEMAS: dict[str, type] = {"dpgan": DpganHparams, "dpac": DpacHparams, "efsgd": EfsgdHparams,
-                                   "gpate": GpateHparams, "dpaf": DpafHparams, "feta": FetaHparams}
+HPARAM_SCHEMAS: dict[str, type] = {"dpgan": DpganHparams, "gswgan": GswganHparams, "dpac": DpacHparams,
+                                   "efsgd": EfsgdHparams, "gpate": GpateHparams, "dpaf": DpafHparams,
+                                   "feta": FetaHparams}
 
 
 def check_config(cfg: DictConfig, facts: Facts | None = None) -> None:
@@ -311,7 +328,8 @@ def register_schemas() -> None:
 
 # ---- OmegaConf/Hydra errors as one line -----------------------------------------------------------
 
-_SCHEMA_FILES = {"dpgan": "dpgen/core/hparams/dpgan.py", "dpac": "dpgen/core/hparams/dpac.py",
+_SCHEMA_FILES = {"dpgan": "dpgen/core/hparams/dpgan.py", "gswgan": "dpgen/core/hparams/gswgan.py",
+                 "dpac": "dpgen/core/hparams/dpac.py",
                  "efsgd": "dpgen/core/hparams/efsgd.py", "gpate": "dpgen/core/hparams/gpate.py",
                  "dpaf": "dpgen/core/hparams/dpaf.py", "feta": "dpgen/core/hparams/feta.py"}
 
@@ -323,6 +341,16 @@ def _omegaconf_error(exc: BaseException) -> Any:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OmegaConfBaseException) and getattr(exc, "full_key", None):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _dpgen_error(exc: BaseException) -> DpgenError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DpgenError):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
@@ -352,6 +380,9 @@ def explain_config_error(exc: BaseException, given: dict[str, str] | None = None
     """A Hydra/OmegaConf composition or resolution error as one line naming the key, the value and what is
     allowed. ``given``: the command-line overrides (key -> value), to tell a typo from a schema gap."""
     given = given or {}
+    raised = _dpgen_error(exc)
+    if raised is not None:  # a resolver's own one-line error (e.g. ${folder_delta:} listing a missing folder)
+        return raised
     err = _omegaconf_error(exc)
     text = next((ln.strip() for ln in str(err or exc).splitlines() if ln.strip()), type(exc).__name__)
     if err is None:
@@ -420,6 +451,49 @@ LATER_KEYS: dict[str, Any] = {
 }
 
 
+#: methods whose keys moved to a block of their own after runs were saved: method -> (the block those runs were
+#: saved with, the block now, how the old block reads as the new one)
+MOVED_BLOCKS: dict[str, tuple[str, str, Callable[[dict], dict]]] = {
+    "gswgan": ("dpac", "gswgan", gswgan_block_from_dpac),  # GS-WGAN shared DPAC's block until it got its own
+}
+
+
+def moved_key(method: str, key: str) -> str | None:
+    """The key a command-line ``key`` of ``method`` is now (``dpac.iters`` of method=gswgan: ``gswgan.iters``), or
+    None when it did not move (or has no counterpart: ``dpac.beta`` of method=gswgan)."""
+    moved = MOVED_BLOCKS.get(method)
+    if moved is None or key.split(".", 1)[0] != moved[0]:
+        return None
+    new = moved[1] + key[len(moved[0]):]
+    return new if schema_hint(new) is not None else None
+
+
+def _move_blocks(raw: DictConfig) -> None:
+    """A saved config of a method whose keys have since moved (:data:`MOVED_BLOCKS`) reads as one saved with the new
+    block: ``method.hparams`` and the block itself (whose later keys :func:`_fill_later_keys` has filled)."""
+    method = raw.get("method")
+    moved = MOVED_BLOCKS.get(str(method.get("name"))) if isinstance(method, DictConfig) else None
+    if moved is None:
+        return
+    old, new, convert = moved
+    if method.get("hparams") != old or not isinstance(raw.get(old), DictConfig) or new in raw:
+        return
+    block = convert(OmegaConf.to_container(raw[old], resolve=False))
+    with open_dict(raw):
+        raw[new] = block
+        method.hparams = new
+        del raw[old]
+
+
+def saved_fingerprint(stored: dict) -> dict:
+    """A checkpoint's fingerprint (:func:`dpgen.core.pipeline.fingerprint`) written before its method's keys moved
+    (:data:`MOVED_BLOCKS`), with its ``hparams`` read as the new block's."""
+    moved = MOVED_BLOCKS.get(str(stored.get("method")))
+    if moved is None or not isinstance(stored.get("hparams"), dict):
+        return stored
+    return {**stored, "hparams": moved[2](stored["hparams"])}
+
+
 def _fill_later_keys(raw: DictConfig) -> None:
     """Give a saved config the keys it predates (a key present in the file is kept as written)."""
     from dpgen.eval.config import EvalConfig
@@ -460,6 +534,10 @@ def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
     if not isinstance(raw, DictConfig):
         raise DpgenError(f"{cfg_file} is not a valid dpgen run config: not a mapping")
     _fill_later_keys(raw)
+    try:
+        _move_blocks(raw)
+    except DpgenError as exc:
+        raise DpgenError(f"{cfg_file} is not a valid dpgen run config: {exc}") from None
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainSchema), raw)
         OmegaConf.set_struct(cfg, True)

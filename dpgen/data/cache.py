@@ -14,9 +14,10 @@ from dpgen.io import atomic_write
 CACHE_VERSION = 1
 
 
-def cache_path(data_root: Path, name: str) -> Path:
-    """Where the preprocessed arrays of dataset ``name`` live."""
-    return Path(data_root) / "cache" / f"{name}.npz"
+def cache_path(data_root: Path, name: str, tag: str | None = None) -> Path:
+    """Where the preprocessed arrays of dataset ``name`` live (``tag``: which of the name's sources, e.g. one image
+    folder of ``dataset=folder``)."""
+    return Path(data_root) / "cache" / (f"{name}.npz" if tag is None else f"{name}-{tag}.npz")
 
 
 def _valid_split(split: Split, tabular: bool) -> bool:

@@ -19,7 +19,7 @@ from dpgen.dpac.classifier import (LOSSES, ORDERS, classifier_lr, classifier_rea
 from dpgen.ensemble import NetStack
 from dpgen.errors import DpgenError
 from dpgen.gswgan.accounting import iteration_entries
-from dpgen.gswgan.nets import CLF_SCORES, ResNetGenerator
+from dpgen.gswgan.nets import CLF_SCORES, Forward, ResNetGenerator
 from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.gswgan.train import GsWgan, Partitions, check_uniform_sampling, generator_step
 from dpgen.gswgan.train import check_hparams as gswgan_check_hparams
@@ -122,19 +122,27 @@ def classifier_phase(clf: NetStack, parts: "Partitions", k: torch.Tensor, x_all:
 class Dpac(GsWgan):
     """DPAC's extension of GS-WGAN (module docstring): the classifier phase, the C loss path and its release."""
 
+    prefix = "dpac"
+
     def __init__(self, hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> None:
         super().__init__(hp, data, ledger, run)
         self.c_start = classifier_start(hp)
+        self.beta = float(hp.beta)
         self.joint = str(hp.sanitize) == "joint"  # Eq. (9): one sanitiser on the gradient of the whole loss L_G
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return "dpac" if self.c_start is not None else "gswgan"
 
+    @property
+    def c_score(self) -> Forward:  # type: ignore[override]
+        """C's score in G's loss (``classifier.loss``)."""
+        return CLF_SCORES[str(self.hp.classifier.loss)]
+
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         check_hparams(self.hp, n, shape)
-        check_uniform_sampling(self.hp, self.ledger, "dpac")
-        check_classifier_reuse(self.hp, self.ledger, "dpac", self.c_start)
+        check_uniform_sampling(self.hp, self.ledger, self.prefix)
+        check_classifier_reuse(self.hp, self.ledger, self.prefix, self.c_start)
 
     def plan_entries(self, z: float) -> list:
         """The C path is a second Gaussian from t_c on unless it is sanitised jointly with D's (Eq. 9)."""
@@ -176,9 +184,9 @@ class Dpac(GsWgan):
         b, clfs = self.base, self.clfs if self.with_c(it) else None
         kept = clfs is b.clf  # reinit=false: the one kept classifier (member 0) for the one partition
         c_idx = None if clfs is None or kept else torch.arange(k.shape[0], device=k.device)
-        return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san_d, self.san_c, float(self.hp.beta),
+        return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san_d, self.san_c, self.beta,
                               self.B, self.ncls, b.gen_gen, scale=self.per_iter, clf_members=c_idx,
-                              c_score=CLF_SCORES[str(self.hp.classifier.loss)])
+                              c_score=self.c_score)
 
 
 def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -> ResNetGenerator:

@@ -270,6 +270,7 @@ class Efsgd(GsWgan):
     released code (extra release paths), λ_c·C and γ_recon·‖G(u) − x‖² (extra loss paths)."""
 
     name = "efsgd"
+    prefix = "efsgd"
     entry = ENTRY
     data_name = "efsgd"
 
@@ -281,6 +282,11 @@ class Efsgd(GsWgan):
         self.joint = str(hp.get("sanitize", "per_path")) == "joint"  # D and λ_c·C through one sanitiser
         self.ef, self.c1, self.c2 = bool(hp.error_feedback), float(hp.clip), float(hp.C2)
         self.rule = "sensitivity" if ledger.accounting == "sound" else "dicesgd"
+
+    @property
+    def c_score(self) -> Forward:  # type: ignore[override]
+        """C's score in G's loss (``classifier.loss``)."""
+        return CLF_SCORES[str(self.hp.classifier.loss)]
 
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         check_hparams(self.hp, n, shape, self.ledger.accounting)
@@ -408,7 +414,7 @@ class Efsgd(GsWgan):
         c_idx = None if clfs is None or clfs is b.clf else torch.arange(k.shape[0], device=k.device)
         return generator_step(b.g_net, b.opt_g, b.disc, clfs, k, self.san, self.B, self.ncls, b.gen_gen,
                               self.recon_batch, self.joint, scale=self.per_iter, clf_members=c_idx,
-                              c_score=CLF_SCORES[str(self.hp.classifier.loss)])
+                              c_score=self.c_score)
 
     def scalars(self) -> dict:
         return {"loss_e": self.loss_e} if self.recon and not self.prior_code else {}

@@ -42,7 +42,7 @@ import torch
 
 from dpgen.core.run import RecordingRun, TrainingInterrupted
 from dpgen.data.torch_utils import to_float
-from dpgen.gswgan.nets import CLF_SCORES, clf_forward, clf_logits
+from dpgen.gswgan.nets import clf_forward, clf_logits
 from dpgen.nets.dct import dct_basis
 from dpgen.privacy import clip_rows
 
@@ -145,7 +145,7 @@ def _path_stats(x: torch.Tensor, g: torch.Tensor, params: list[torch.Tensor], sa
 def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str, float]:
     """Signal/noise per release path of ``ext`` (a :class:`~dpgen.gswgan.train.GsWgan`, DPAC's or EFSGD's) at
     iteration ``it``, sampled partitions ``k``, before G's step (module docstring)."""
-    base, hp, ncls, b = ext.base, ext.hp, ext.ncls, ext.B
+    base, ncls, b = ext.base, ext.ncls, ext.B
     g_net, dev = base.g_net, next(base.g_net.parameters()).device
     members = _members(k).to(dev)
     params = [q for q in g_net.parameters() if q.requires_grad]
@@ -167,7 +167,7 @@ def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str
         out["c_acc_real"] = classifier_accuracy(clfs, c_idx, x_real, y_real)
         out["c_acc_fake"] = classifier_accuracy(clfs, c_idx, x.detach(), y)
     d_term = lambda w: (base.disc, _train.disc_forward, members, w)  # noqa: E731
-    score = CLF_SCORES[str(ext.hp.classifier.loss)]
+    score = ext.c_score
     c_term = lambda w: (clfs, score, c_idx, w)  # noqa: E731
     paths: list[tuple[str, torch.Tensor, torch.Tensor, object, float, torch.Tensor | None]] = []
     if hasattr(ext, "san"):  # EFSGD: one error-feedback sanitiser per path, weights after the noise
@@ -204,7 +204,7 @@ def probe_paths(ext, it: int, k: torch.Tensor, gen: torch.Generator) -> dict[str
                 out["snr_code"] = (clip_rows(raw, ext.code_clip).norm(dim=1).median().item() / noise_norm
                                    if noise_norm > 0 else float("inf"))
     else:
-        beta = float(hp.beta)
+        beta = ext.beta
         if clfs is not None and getattr(ext, "joint", True):
             paths.append(("DC", x, _rows(x, y, [d_term(beta), c_term(1.0 - beta)]), ext.san_d, 1.0, None))
         else:
@@ -265,8 +265,8 @@ def measure(method: str, eps: float | str, steps: int, data_root: str, overrides
             c_idx = (None if clfs is None or clfs is self.base.clf
                      else torch.arange(len(k), device=k.device))
             row.update(probe_step(self.base.g_net, self.base.disc, clfs, k, self.san_d.clip,
-                                  self.san_d.noise_multiplier, float(self.hp.beta), self.B, self.ncls, basis_of,
-                                  gen, clf_members=c_idx, c_score=CLF_SCORES[str(self.hp.classifier.loss)]))
+                                  self.san_d.noise_multiplier, self.beta, self.B, self.ncls, basis_of,
+                                  gen, clf_members=c_idx, c_score=self.c_score))
         row.update(probe_paths(self, it, k, gen))
         rows.append(row)
         return original(self, it, k)
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--bases", type=int, nargs="*", default=[49, 196])
     ap.add_argument("--data-root", default=None)
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. dpac.num_discriminators=200")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. gswgan.num_discriminators=200")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the run's setup line: K, B, T, z per path
     root = args.data_root or os.environ.get("DPGEN_DATA", "data")

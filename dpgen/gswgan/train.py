@@ -121,7 +121,7 @@ def check_uniform_sampling(hp: DictConfig, ledger: PrivacyLedger, prefix: str) -
         ledger.notes.append(UNIFORM_NOTE)
 
 
-def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], prefix: str = "dpac") -> None:
+def check_hparams(hp: DictConfig, n: int, shape: tuple[int, ...], prefix: str = "gswgan") -> None:
     """One-line DpgenErrors for bad user input (GS-WGAN's keys; :mod:`dpgen.dpac.method` adds DPAC's)."""
     check_ensemble_hparams(hp, n, prefix)
     if len(shape) != 3 or shape[1] > 32 or shape[2] > 32:
@@ -436,8 +436,12 @@ class GsWgan:
     """
 
     name = "gswgan"
+    prefix = "gswgan"  # the config block of the method's keys (``gswgan.*``)
     entry = ENTRY  # the ledger entries' name
     data_name = "dpac/gswgan"  # for error messages about the data
+    beta = 1.0  # the weight of D in G's loss: GS-WGAN's loss is D alone (DPAC's beta < 1 gives C the rest)
+    joint = True  # one sanitiser (GS-WGAN has one path; DPAC's per_path mode adds C's)
+    c_score: Forward = clf_forward  # an extension's classifier score (GS-WGAN has no classifier)
 
     canaries = None  # an audit run's SanitizerGroup (set in train); None: no audit
 
@@ -452,11 +456,8 @@ class GsWgan:
     # -- configuration -------------------------------------------------------------------------------------------
     def check(self, n: int, shape: tuple[int, ...]) -> None:
         """One-line DpgenErrors for bad user input."""
-        check_hparams(self.hp, n, shape)
-        check_uniform_sampling(self.hp, self.ledger, "dpac")
-        if bool(self.hp.classifier.enabled) and float(self.hp.beta) < 1.0:
-            raise DpgenError("method=gswgan has no auxiliary classifier (dpac.classifier.enabled=true with "
-                             "dpac.beta < 1); use method=dpac")
+        check_hparams(self.hp, n, shape, self.prefix)
+        check_uniform_sampling(self.hp, self.ledger, self.prefix)
 
     def plan_entries(self, z: float) -> list:
         """Ledger entries of all ``iters`` iterations at per-sample multiplier z (extra release paths: override)."""
@@ -492,7 +493,7 @@ class GsWgan:
     def generator_step(self, it: int, k: torch.Tensor) -> torch.Tensor:
         """Alg. 1 lines 9-10: G's step through the sanitiser of the sampled D_k's gradients (summed over k)."""
         b = self.base
-        return generator_step(b.g_net, b.opt_g, b.disc, None, k, self.san_d, None, float(self.hp.beta), self.B,
+        return generator_step(b.g_net, b.opt_g, b.disc, None, k, self.san_d, None, self.beta, self.B,
                               self.ncls, b.gen_gen, scale=self.per_iter)
 
     def scalars(self) -> dict:
@@ -514,7 +515,7 @@ class GsWgan:
         start = self.hp.get("g_lr_decay_start")
         g_lr = f"G lr {generator_lr(self.hp):g}" + ("" if start is None else f", cosine to 0 from {float(start):g}·T")
         return (f"{self.name}: K={self.K} B={self.B} T={self.T} {draw}, {g_lr}, z={z_noise:.4f} (per path {self.zp:.4f}), classifier "
-                f"from {self.c_start}{self.classifier_note()}, {'joint' if str(self.hp.sanitize) == 'joint' else 'per-path'} sanitiser on "
+                f"from {self.c_start}{self.classifier_note()}, {'joint' if self.joint else 'per-path'} sanitiser on "
                 f"{'every pixel' if basis is None else f'{basis.shape[1]} DCT coefficients'}, "
                 f"{self.ledger.accounting} accounting")
 

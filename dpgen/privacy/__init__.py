@@ -22,7 +22,7 @@ from dpgen.privacy.ledger import PRIVACY_OFF_NOTE, PrivacyLedger
 from dpgen.privacy.mechanisms import clip_rows, gaussian_sum_query
 from dpgen.privacy.randomness import (PublicRandomnessError, SecretGenerator, gaussian_noise, require_secret,
                                       secret_generator)
-from dpgen.privacy.validation import check_delta, check_epsilon, parse_epsilon
+from dpgen.privacy.validation import check_delta, check_epsilon, delta_below, parse_epsilon
 
 __all__ = [
     "PrivacyLedger",
@@ -31,6 +31,7 @@ __all__ = [
     "EventBuilder",
     "check_delta",
     "check_epsilon",
+    "delta_below",
     "parse_epsilon",
     "compute_epsilon",
     "PRIVACY_OFF_NOTE",

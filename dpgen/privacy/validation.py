@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from dpgen.errors import DpgenError
 
-__all__ = ["as_delta", "check_choice", "check_delta", "check_epsilon", "parse_epsilon"]
+__all__ = ["as_delta", "check_choice", "check_delta", "check_epsilon", "delta_below", "parse_epsilon"]
 
 
 def check_delta(delta: float, n: int) -> None:
@@ -30,6 +30,19 @@ def check_delta(delta: float, n: int) -> None:
             f"delta={delta} must be < 1/N = {1.0 / n_int:.6g} for N={n_int} training examples "
             "(and > 0); lower privacy.delta"
         )
+
+
+def delta_below(n: int) -> float:
+    """The largest power of ten strictly below 1/N: the default delta of a dataset whose size is only known once it is
+    listed (``dataset=folder``). The built-in datasets' defaults follow the same rule (1e-5 for the 60,000
+    images of (F-)MNIST, 1e-6 for CelebA's 162,770)."""
+    n_int = int(n)
+    if n_int < 1:
+        raise DpgenError(f"the training set must have at least one example, got N={n}")
+    k = math.floor(-math.log10(n_int)) if n_int > 1 else -1
+    while 10.0 ** k >= 1.0 / n_int:  # 1/N itself a power of ten (N = 100) or a rounding error of the log
+        k -= 1
+    return float(f"1e{k}")
 
 
 _INF_SPELLINGS = ("inf", ".inf", "+inf", "+.inf", "infinity", "+infinity")

@@ -10,5 +10,7 @@ from dpgen.core.hparams.dpgan import DpganHparams
 from dpgen.core.hparams.efsgd import EfsgdHparams
 from dpgen.core.hparams.feta import FetaHparams
 from dpgen.core.hparams.gpate import GpateHparams
+from dpgen.core.hparams.gswgan import GswganHparams
 
-__all__ = ["DpacHparams", "DpafHparams", "DpganHparams", "EfsgdHparams", "FetaHparams", "GpateHparams"]
+__all__ = ["DpacHparams", "DpafHparams", "DpganHparams", "EfsgdHparams", "FetaHparams", "GpateHparams",
+           "GswganHparams"]

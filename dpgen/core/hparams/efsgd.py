@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpgen.core.checks import CheckContext, bad, nested, spec
-from dpgen.core.hparams.dpac import ClassifierHparams, EnsembleHparams
+from dpgen.core.hparams.dpac import ClassifierHparams, check_classifier_reuse
+from dpgen.core.hparams.gswgan import EnsembleHparams
 from dpgen.errors import DpgenError
 
 
@@ -37,6 +38,7 @@ class EfsgdHparams(EnsembleHparams):
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
         EnsembleHparams.cross_check(node, key, ctx)
+        check_classifier_reuse(node, key, ctx)
         if float(node.C2) < float(node.clip) and ctx.cfg.privacy.accounting == "paper":
             raise bad(f"{key}.C2", node.C2, f"a number >= {key}.clip={node.clip} (DiceSGD's noise rule, privacy.accounting=paper, needs C2 >= C1)")
         recon = bool(node.recon) and float(node.gamma_recon) > 0

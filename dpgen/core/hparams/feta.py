@@ -77,4 +77,4 @@ class FetaHparams:
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
         if node.central != "none" and int(node.num_central) < 1:
             raise bad(f"{key}.num_central", node.num_central, f"an integer >= 1 when {key}.central={node.central}")
-        check_batch_le_n(node, key, ctx, "batch_size")
+        check_batch_le_n(node, key, ctx, "batch_size", *(("central_batch",) if node.central != "none" else ()))
