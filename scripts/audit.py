@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Audit what one training run leaks: ``python scripts/audit.py method=<m> dataset=<d> eps=<ε> [audit.canaries=1000
-audit.guesses=250 key=value ...]``.
+"""Audit what one training run leaks: ``python scripts/audit.py method=<m> dataset=<d> eps=<ε> [audit.canaries=m
+audit.guesses=k audit.bound=fdp|sn key=value ...]``.
 
 One training run (the config of scripts/train.py, every key; configs/audit.yaml adds the ``audit`` block) with
-m canaries in its mechanisms (Steinke, Nasr & Jagielski 2023; docs/auditing.md). Besides the run's files it
-writes ``audit.json`` (claimed (ε, δ), canaries, guesses, correct guesses, ε_lb at the confidence, where the
-canaries were inserted) and ``audit/coins.npy`` (the secret coins; nowhere else), and ends with one line:
-``audit: <method> eps=<ε> claimed, eps_lb=<bound> (95 %), <m> canaries, <right>/<guesses> correct``.
+m canaries in its mechanisms (docs/auditing.md). Besides the run's files it writes ``audit.json`` (claimed (ε, δ),
+canaries, guesses, correct guesses, both lower bounds on ε at the confidence (the f-DP test of Mahloujifar, Melis &
+Chaudhuri 2025 and Steinke, Nasr & Jagielski 2023's), a Gaussian-limit estimate, where the canaries were inserted)
+and ``audit/coins.npy`` (the secret coins; nowhere else), and ends with one line:
+``audit: dpgan eps=2 claimed, eps_lb=0.41 (fdp, 95 %), 10000 canaries, 612/1000 correct``.
 
 Exit codes as scripts/train.py: 0 ok, 2 user error (one line on stderr, nothing written).
 """

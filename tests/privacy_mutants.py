@@ -719,6 +719,23 @@ MUTANTS: list[Mutant] = [
            "    if cap is not None and int(cap) < size:",
            ("tests/test_compile.py::test_a_bucket_is_never_smaller_than_the_batch_and_the_buckets_are_few",),
            "a bucket (the micro-batch cap) smaller than the Poisson rows it must hold"),
+    # -- the one-run audit (issue 50): a mechanism with half the noise its ledger records, caught by measuring ----
+    Mutant("audit.dpgan_noise_half", "dpgen/dpgan/train.py",
+           "noise_multiplier=sigma, max_grad_norm=float(hp.clip),",
+           "noise_multiplier=sigma * 0.5, max_grad_norm=float(hp.clip),",
+           (AUDIT_BELOW + "[dpgan]",), "DP-SGD (dpgan) with half the noise std its ledger records"),
+    Mutant("audit.gswgan_sanitizer_noise_half", "dpgen/gswgan/sanitizer.py",
+           "noise = gaussian_noise(signal.shape, self.noise_std, self.generator,",
+           "noise = gaussian_noise(signal.shape, self.noise_std * 0.5, self.generator,",
+           (AUDIT_BELOW + "[gswgan-wide]",), "the GS-WGAN sanitiser with half the noise std its ledger records"),
+    Mutant("audit.gpate_noise_half", "dpgen/gpate/aggregate.py",
+           'noisy = counts + gaussian_noise(counts.shape, sigma2, generator, device=counts.device, mechanism="GNMax argmax")',
+           'noisy = counts + gaussian_noise(counts.shape, sigma2 * 0.5, generator, device=counts.device, mechanism="GNMax argmax")',
+           (AUDIT_BELOW + "[gpate]",), "Confident-GNMax's argmax with half the noise std its ledger records"),
+    Mutant("audit.dpagg_noise_half", "dpgen/dpaf/train.py",
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg, agg_canaries, j)',
+           'real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3 * 0.5, bsz, g_agg, agg_canaries, j)',
+           (AUDIT_BELOW + "[dpaf-dpagg]",), "DPAGG with half the noise std its ledger records"),
 ]
 
 

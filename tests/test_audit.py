@@ -150,29 +150,75 @@ def digits_subset(root: Path, n: int = 300):
                         tabular=data.tabular)
 
 
-def audit(method: str, run_dir: Path, eps, *overrides: str) -> dict:
-    """One tiny audit run through the pipeline (what scripts/audit.py runs); its audit.json."""
+def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300) -> dict:
+    """One tiny audit run through the pipeline (what scripts/audit.py runs) on the first ``records`` digits; its
+    audit.json."""
     from dpgen.core.pipeline import run_training
 
     threads = torch.get_num_threads()
     try:
-        run_training(compose_audit(method, eps, *overrides), run_dir, data=digits_subset(run_dir.parent / "data"),
-                     evaluate=False)
+        run_training(compose_audit(method, eps, *overrides), run_dir,
+                     data=digits_subset(run_dir.parent / "data", records), evaluate=False)
     finally:
         torch.set_num_threads(threads)
     return json.loads((run_dir / "audit.json").read_text())
 
 
-@pytest.mark.parametrize("method", AUDITED)
-def test_audit_stays_below_the_claimed_epsilon(method, tmp_path):
-    """A sound run at claimed ε = 2 (δ = 1e-5): ε_lb ≤ 2. A mechanism without its noise or its clipping
-    (tests/privacy_mutants.py) reaches ~5 here."""
-    report = audit(method, tmp_path / "run", 2)
+#: the tiny audits that must catch a mechanism with half its noise (one method per mechanism family), with what
+#: they change in AUDIT_TINY, how many digits they train on, and the noise they halve (``gaussian_noise``'s
+#: ``mechanism``). The GS-WGAN family needs more partitions and fewer rows per member (a canary's strength is
+#: 2 / (2·√B) of a record's; B = 4: 1/2) and more records for them; DPAF's DPAGG needs the budget split in its
+#: favour (quick: ε 0.1 of the run's).
+HALF_NOISE: dict[str, tuple[str, tuple[str, ...], int, str]] = {
+    "dpgan": ("dpgan", (), 300, "DP-SGD noise"),
+    "gswgan-wide": ("gswgan", ("gswgan.num_discriminators=128", "gswgan.batch_size=4", "gswgan.partitions_per_iter=32",
+                               "audit.canaries=2048", "audit.guesses=100"), 1200, "sanitizer noise"),
+    "gpate": ("gpate", (), 300, "GNMax argmax"),
+    "dpaf-dpagg": ("dpaf", ("dpaf.split=[0.1,0.1,null]",), 300, "DPAGG"),
+}
+#: every sound tiny audit: the eight methods, and the half-noise variants (slow: covered by the methods' own)
+SOUND = [pytest.param(m, m, (), 300, id=m) for m in AUDITED] + [
+    pytest.param(v, m, o, n, id=v, marks=pytest.mark.slow) for v, (m, o, n, _) in HALF_NOISE.items() if v != m]
+
+
+@pytest.mark.parametrize("variant,method,overrides,records", SOUND)
+def test_audit_stays_below_the_claimed_epsilon(variant, method, overrides, records, tmp_path):
+    """A sound run at claimed ε = 2 (δ = 1e-5): ε_lb ≤ 2 by both bounds. A mechanism without its noise or its
+    clipping (tests/privacy_mutants.py) reaches ~5 here, one with half its noise (HALF_NOISE) over 2."""
+    report = audit(method, tmp_path / "run", 2, *overrides, records=records)
     assert report["claimed"]["epsilon"] <= 2.0 + 1e-6
-    assert report["records"]["total"] == 300 + report["records"]["canaries_included"]
+    assert report["records"]["total"] == records + report["records"]["canaries_included"]
     assert report["insertion"] and all(ch["releases_observed"] > 0 for ch in report["insertion"])
-    assert report["epsilon_lower_bound"] <= report["claimed"]["epsilon"], report
+    assert report["bound"] == "fdp" and report["stage_epsilon"] <= report["claimed"]["epsilon"]
+    for name, bound in report["bounds"].items():
+        assert bound["epsilon_lower_bound"] <= report["claimed"]["epsilon"], (name, report)
+    assert report["epsilon_lower_bound"] == report["bounds"]["fdp"]["epsilon_lower_bound"]
     assert not report["finding"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(HALF_NOISE))
+def test_a_mechanism_with_half_its_noise_is_flagged(variant, tmp_path, monkeypatch):
+    """The mechanism's Gaussian noise std at half of what its ledger records (every draw of that mechanism through
+    ``gaussian_noise``): at claimed ε = 2 the f-DP bound exceeds the claim. (slow: the mutants audit.*_noise_half
+    of tests/privacy_mutants.py make the same change in the code, and test_audit_stays_below_the_claimed_epsilon
+    must fail for them.)"""
+    import dpgen.dpaf.mechanisms
+    import dpgen.gpate.aggregate
+    import dpgen.gswgan.sanitizer
+    import dpgen.privacy.optimizer
+    from dpgen.privacy.randomness import gaussian_noise
+
+    method, overrides, records, mechanism = HALF_NOISE[variant]
+
+    def half(shape, std, generator, *args, **kwargs):
+        return gaussian_noise(shape, std * (0.5 if kwargs.get("mechanism") == mechanism else 1.0), generator, *args,
+                              **kwargs)
+
+    for module in (dpgen.privacy.optimizer, dpgen.gswgan.sanitizer, dpgen.gpate.aggregate, dpgen.dpaf.mechanisms):
+        monkeypatch.setattr(module, "gaussian_noise", half)
+    report = audit(method, tmp_path / "run", 2, *overrides, records=records)
+    assert report["finding"] and report["epsilon_lower_bound"] > report["claimed"]["epsilon"], report
 
 
 @pytest.mark.parametrize("method", AUDITED)
@@ -189,7 +235,8 @@ def test_coins_reach_coins_npy_and_no_released_file(tmp_path):
     run = tmp_path / "run"
     audit("dpgan", run, 2, "tensorboard=true", "log_every=4")
     coins = np.load(run / "audit" / "coins.npy")
-    assert coins.shape == (1000,) and set(np.unique(coins)) <= {0, 1}
+    report = json.loads((run / "audit.json").read_text())
+    assert coins.shape == (report["canaries"],) and set(np.unique(coins)) <= {0, 1}
     included = np.flatnonzero(coins)
     needles = [coins.astype(np.uint8).tobytes(), np.packbits(coins).tobytes(), "".join(map(str, coins[:64])).encode(),
                json.dumps(coins[:32].tolist()).encode(), json.dumps(included[:16].tolist()).encode(),
@@ -205,17 +252,20 @@ def test_coins_reach_coins_npy_and_no_released_file(tmp_path):
         assert b"canar" not in blob.lower() or path.suffix == ".log", f"{path.relative_to(run)} mentions canaries"
     for name in ("privacy.json", "metrics.json"):
         assert "audit" not in json.loads((run / name).read_text()), name
-    report = json.loads((run / "audit.json").read_text())
     assert report["records"]["canaries_included"] == int(coins.sum())
 
 
 @pytest.mark.parametrize("method", AUDITED)
-def test_audit_keeps_the_device_discipline(method, tmp_path):
+def test_audit_keeps_the_device_discipline(method, tmp_path, monkeypatch):
     """The canaries' factories name their device, their draws come from the run's streams, and they add at most one
-    host sync per step to the method's budget (their Poisson samples are drawn 64 steps per sync)."""
+    host sync per step to the method's budget (their Poisson samples are drawn 64 steps per sync). The bounds,
+    computed on the host after the run, are left out."""
+    import dpgen.audit.report
     from discipline import Report, watch
     from test_device_discipline import SYNC_BUDGET
 
+    monkeypatch.setattr(dpgen.audit.report, "write_report",
+                        lambda canaries, cfg, ledger, n, run_dir: (Path(run_dir) / "audit.json").write_text("{}"))
     report = Report(method)
     with watch(report):
         audit(method, tmp_path / "run", "inf", "log_every=1000000", "checkpoint_every=1000000")
@@ -271,6 +321,26 @@ def test_gnmax_reserved_bins_take_no_part_in_the_answer():
     assert not res.answered.any() and (res.winner < 3).all() and torch.equal(res.reserved, counts[:, 3:])
 
 
+def test_default_canaries_and_guesses_per_family():
+    """audit.canaries=null: 10,000, or K·B for the GS-WGAN family; audit.guesses=null: 2 % of m on each side, at
+    least min(100, m/10)."""
+    from hydra import compose, initialize_config_dir
+
+    from dpgen.audit.sizes import audit_sizes, default_guesses
+    from dpgen.core.config import register_configs
+    from dpgen.core.methods import CONFIG_DIR
+
+    assert [default_guesses(m) for m in (5, 300, 1000, 3200, 10000, 50000)] == [1, 30, 100, 100, 200, 1000]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        sizes = {m: audit_sizes(compose("audit", overrides=[f"method={m}", "dataset=digits"]))
+                 for m in ("dpgan", "gpate", "gswgan", "efsgd")}
+        set_apart = audit_sizes(compose("audit", overrides=["method=dpgan", "audit.canaries=500", "audit.guesses_in=7"]))
+    assert sizes == {"dpgan": (10000, 200, 200), "gpate": (10000, 200, 200), "gswgan": (3200, 100, 100),
+                     "efsgd": (3200, 100, 100)}
+    assert set_apart == (500, 7, 50)
+
+
 # ---- scripts/audit.py --------------------------------------------------------------------------------------
 
 def test_audit_cli_writes_its_report_and_one_summary_line(tmp_path):
@@ -281,12 +351,14 @@ def test_audit_cli_writes_its_report_and_one_summary_line(tmp_path):
 
     run = tmp_path / "run"
     res = run_script("audit.py", "method=gpate", "eps=2", "privacy.noise_seed=0", "threads=1", "progress=false",
-                     *AUDIT_TINY["gpate"], f"hydra.run.dir={run}", cwd=tmp_path)
+                     "audit.canaries=2000", *AUDIT_TINY["gpate"], f"hydra.run.dir={run}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     last = res.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"audit: gpate eps=2 claimed, eps_lb=\d+\.\d\d \(95 %\), 1000 canaries, \d+/500 correct", last), last
+    assert re.fullmatch(r"audit: gpate eps=2 claimed, eps_lb=\d+\.\d\d \(fdp, 95 %\), 2000 canaries, \d+/200 correct",
+                        last), last
     report = json.loads((run / "audit.json").read_text())
-    assert report["canaries"] == 1000 and report["guesses"] == {"in": 250, "out": 250, "total": 500}
+    assert report["canaries"] == 2000 and report["guesses"] == {"in": 100, "out": 100, "total": 200}  # min(100, m/10)
+    assert report["bound"] == "fdp" and set(report["bounds"]) == {"fdp", "sn"}
     assert {"generator.pt", "privacy.json", "metrics.json", "audit.json", "audit.log"} <= {p.name for p in run.iterdir()}
     assert np.load(run / "audit" / "coins.npy").sum() == report["records"]["canaries_included"]
 
@@ -306,13 +378,15 @@ def test_an_audit_run_is_not_resumed_by_train(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args,says", [
     (["audit.canaries=0"], "audit.canaries=0 is invalid"),
-    (["audit.guesses=600"], "guesses_in"),
+    (["audit.guesses=6000"], "guesses_in"),
+    (["audit.bound=exact"], "audit.bound='exact' is invalid; expected one of fdp, sn"),
+    (["method=gpate", "audit.canaries=60000"], "audit.canaries=60000 is invalid; expected at most 50000 for gpate"),
     (["audit.guesses_out=-1"], "audit.guesses_out=-1 is invalid"),
     (["audit.confidence=1.0"], "audit.confidence=1.0 is invalid"),
     (["audit.canaries=abc"], "audit.canaries"),
     (["audit.typo=3"], "unknown key audit.typo"),
-    (["method=gswgan", "audit.canaries=5000"], "audit.canaries=5000 is invalid; expected at most "
-                                                "gswgan.num_discriminators * gswgan.batch_size = 3200"),
+    (["method=gswgan", "audit.canaries=13000"], "audit.canaries=13000 is invalid; expected at most "
+                                                 "4 * gswgan.num_discriminators * gswgan.batch_size = 12800"),
     (["delta=5e-4"], "1/(N + canaries)"),
     (["eps=0"], "eps"),
 ])

@@ -1,23 +1,26 @@
 """The GS-WGAN family's canary hook (dpgen.audit.hooks.SanitizerCanaries) in the gradient sanitisers.
 
-* one included canary per partition and generated-sample row enters the sanitiser's rows, before the clip, as a
-  Dirac column of its own; after the clip it adds C to that one row, the noise draw covers its column, only the
-  image columns go on to G, and the score reads the released column of the canary's (public) row; with several
-  sampled partitions each canary enters its own member's rows, which are clipped apart and then summed;
-* m > K·B canaries are refused;
+* canaries live on extra rows of each sampled member's release, ROWS_PER_CANARY entries each in their partition's
+  column: before the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
+  untouched, one noise draw covers every row, only the B image rows go on to G, and the score reads the canary's
+  own entries, whichever partitions were drawn; several sampled partitions each bring their own canaries;
+* efsgd: the extra rows are clipped to C1 like the image rows but take no error feedback;
+* more than 4·K·B canaries are refused; a canary never moves its release by more than a record may;
 * a run without an audit releases exactly what it did before the hook existed: the trained generator is
   bit-for-bit that of the sanitisers' pre-audit code (kept verbatim below).
 
 The audits themselves (ε_lb below the claimed ε, power at ε = ∞, coins, device discipline, the mutants that remove
-the sanitiser's noise or clip) are tests/test_audit.py's, parametrised over every hooked method.
+the sanitiser's noise or clip, half its noise) are tests/test_audit.py's, parametrised over every hooked method.
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from dpgen.audit.canaries import Canaries
-from dpgen.audit.hooks import DIRAC_NORM, SanitizerCanaries
+from dpgen.audit.hooks import DIRAC_NORM, ROWS_PER_CANARY, SanitizerCanaries
 from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
@@ -33,84 +36,114 @@ def canaries_with(coins: list[int]) -> Canaries:
     return c
 
 
-def test_a_canary_is_one_dirac_row_of_its_partition_clipped_noised_and_scored():
-    """K=3 partitions, B=2 rows, m=6: partition 1 holds canaries 1 (row 0) and 4 (row 1); 1 is included, 4 not."""
+def entries(ch: SanitizerCanaries, j: int) -> list[tuple[int, int]]:
+    """(extra row, column) of canary j's entries."""
+    w = ch.width
+    return [(int(e) // w, int(e) % w) for e in ch.entries[j]]
+
+
+def test_a_canary_owns_its_extra_rows_is_clipped_noised_and_scored():
+    """K=3 partitions, B=2 rows, w=4 columns, m=6 canaries: partition 1 holds canaries 1 (slot 0) and 4 (slot 1);
+    1 is included, 4 not. E = 2 slots x 4 rows."""
     c = canaries_with([1, 1, 1, 0, 0, 1])
     clip = 0.5
     san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
-    group = SanitizerCanaries.attach(c, 3, 2, {"sanitizer": san, "off": None})
-    assert list(c.channels) == ["sanitizer"] and san.audit is group.channels[0]
-    g = torch.randn(2, 1, 2, 2) * 0.01  # inside the clip ball: unchanged without a canary
+    group = SanitizerCanaries.attach(c, 3, 2, 1 / 3, {"sanitizer": san, "off": None})
+    ch = c.channels["sanitizer"]
+    assert list(c.channels) == ["sanitizer"] and san.audit is ch
+    assert ch.shift == pytest.approx(clip * math.sqrt(ROWS_PER_CANARY))
+    assert ch.sensitivity == pytest.approx(2 * clip * math.sqrt(2)) and ch.strength <= 1.0
+    g = torch.randn(2, 1, 2, 2) * 0.01  # inside the clip ball: unchanged
     group.start_iteration(torch.tensor([1]))
     out = san.sanitize(g)
     rel = san.last_release
-    assert rel.shape == (2, 4 + 6)
-    ext0 = torch.cat([g[0].flatten(), torch.tensor([0.0, DIRAC_NORM * clip, 0, 0, 0, 0])])
-    assert torch.allclose(rel[0], ext0 * clip / ext0.norm())  # row 0 clipped with its canary: norm C
-    assert rel[0, 4 + 1] == pytest.approx(clip, rel=1e-6)
-    assert torch.equal(rel[1, 4:], torch.zeros(6))  # canary 4 is out: its row carries no canary
-    assert torch.allclose(rel[1, :4], g[1].flatten())
-    assert torch.equal(out, rel[:, :4].reshape(g.shape) / 2)  # only the image columns go on to G, ÷B
-    scores = c.channels["sanitizer"].scores
-    assert scores[1] > 0 and torch.count_nonzero(scores) == 1
-    # another partition: canary 1's column is read again (noise only in a noisy run), whatever k was
+    assert ch.extra == 2 * ROWS_PER_CANARY and rel.shape == (2 + ch.extra, 4)
+    assert torch.equal(rel[:2], g.reshape(2, 4))  # the image rows are untouched by the canaries
+    assert torch.equal(out, g / 2)  # only the image rows go on to G, ÷B
+    for r, col in entries(ch, 1):
+        assert col == 1 and rel[2 + r, col] == pytest.approx(clip, rel=1e-6)  # clipped to C on each entry
+    assert sum(float(rel[2 + r, col]) for r, col in entries(ch, 4)) == 0.0  # canary 4 is out
+    assert float(rel[2:].abs().sum()) == pytest.approx(ROWS_PER_CANARY * clip, rel=1e-6)  # nothing else
+    assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all()
+    # another partition: canary 1's entries are read again (noise only in a noisy run), whatever k was
     group.start_iteration(torch.tensor([2]))
     san.sanitize(g)
-    assert san.last_release[0, 4 + 2] == pytest.approx(clip, rel=1e-6) and c.channels["sanitizer"].releases == 2
+    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 1)) == 0.0
+    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 2)) == pytest.approx(4 * clip)
+    c.finish()
+    assert ch.releases == 2 and c.scores_host()[1] > c.scores_host()[4]
 
 
-def test_the_noise_draw_covers_the_canary_columns():
+def test_the_noise_draw_covers_the_extra_rows():
     c = canaries_with([0] * 6)
     san = Sanitizer(0.5, 2.0, secret_generator("cpu", seed=4))
-    SanitizerCanaries.attach(c, 3, 2, {"sanitizer": san}).start_iteration(torch.tensor([0]))
+    SanitizerCanaries.attach(c, 3, 2, 1 / 3, {"sanitizer": san}).start_iteration(torch.tensor([0]))
     san.sanitize(torch.zeros(2, 1, 2, 2))
-    expected = gaussian_noise((2, 10), san.noise_std, secret_generator("cpu", seed=4))
+    expected = gaussian_noise((2 + 2 * ROWS_PER_CANARY, 4), san.noise_std, secret_generator("cpu", seed=4))
     assert torch.equal(san.last_release, expected)
 
 
-def test_error_feedback_carries_the_canary_columns():
-    """efsgd: the error state spans the canary columns, so an included canary's residual is fed back (clipped to C2)
-    at the next iteration of its partition."""
+def test_error_feedback_skips_the_canary_rows():
+    """efsgd: the extra rows are clipped to C1 (so a missing clip shows) but take no error feedback, and the error
+    states keep the image rows' shape."""
     c = canaries_with([1, 0])
     san = ErrorFeedbackSanitizer(0.5, 0.0, 1.0, generator=secret_generator("cpu", seed=4), parts=2, classes=1)
-    group = SanitizerCanaries.attach(c, 2, 1, {"sanitizer.d": san})
+    group = SanitizerCanaries.attach(c, 2, 1, 0.5, {"sanitizer.d": san})
+    ch = c.channels["sanitizer.d"]
+    assert ch.sensitivity == pytest.approx(san.sensitivity)  # 2(C1 + C2) per row, B = 1
     y, g = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 2, 2)
     for _ in range(2):
         group.start_iteration(torch.tensor([0]))
         san.key = (torch.tensor([0]), y)
         san.sanitize(g)
-    assert san.error.shape == (2, 1, 4 + 2)
-    assert san.last_release[0, 4] == pytest.approx(0.5 + 1.0, rel=1e-5)  # clip(g, C1) + clip(e, C2)
-    assert torch.equal(san.error[1], torch.zeros(1, 6))  # partition 1's state never saw the canary
+    assert san.error.shape == (2, 1, 4)
+    assert torch.equal(san.error, torch.zeros_like(san.error))  # nothing fed back: the image rows had no residual
+    for r, col in entries(ch, 0):
+        assert san.last_release[1 + r, col] == pytest.approx(0.5, rel=1e-5)  # clip(g, C1) only
 
 
-def test_more_canaries_than_partitions_times_rows_are_refused():
-    c = canaries_with([1] * 7)
-    with pytest.raises(DpgenError, match=r"audit.canaries=7 must be <= K\*B = 3\*2 = 6"):
-        SanitizerCanaries(c, "sanitizer", 3, 2, 0.5, 1.0)
+def test_more_than_four_k_b_canaries_are_refused():
+    c = canaries_with([1] * 25)
+    with pytest.raises(DpgenError, match=r"audit.canaries=25 must be <= 4\*K\*B = 4\*3\*2 = 24"):
+        SanitizerCanaries(c, "sanitizer", 3, 2, 0.5, 1.0, 1.0, 1 / 3)
 
 
 def test_canaries_of_several_sampled_partitions_enter_their_own_members_rows():
-    """Poisson sampling: an iteration that drew partitions 0 and 2 (K=3, B=2) gives each included canary a Dirac
-    column in its own member's row only; each row is clipped alone, the members' rows are summed per image, and
-    the score reads canary j's column in row j // K, whichever members were drawn."""
+    """Poisson sampling: an iteration that drew partitions 0 and 2 (K=3, B=2) gives each included canary of those
+    partitions its entries in its own member's extra rows; each row is clipped alone and the members' rows are
+    summed per row index; partition 1's canaries stay at 0."""
     c = canaries_with([1, 1, 1, 1, 1, 1])
     clip = 0.5
     san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
-    group = SanitizerCanaries.attach(c, 3, 2, {"sanitizer": san})
+    group = SanitizerCanaries.attach(c, 3, 2, 2 / 3, {"sanitizer": san})
+    ch = c.channels["sanitizer"]
     g = torch.randn(2, 2, 1, 2, 2) * 0.01  # [M=2 members, B=2 rows, image]
     group.start_iteration(torch.tensor([0, 2]))
     san.sanitize_sum(g, scale=2.0)
     rel = san.last_release
-    assert rel.shape == (2, 4 + 6) and san.last_clipped.shape == (4, 4 + 6)
-    # canaries of partition 0 (0 in row 0, 3 in row 1) and 2 (2 in row 0, 5 in row 1): each adds C, once
+    assert rel.shape == (2 + ch.extra, 4) and san.last_clipped.shape == (2 * (2 + ch.extra), 4)
     for j in (0, 2, 3, 5):
-        assert rel[j // 3, 4 + j] == pytest.approx(clip, rel=1e-6)
-    assert rel[:, 4 + 1].abs().sum() == 0 and rel[:, 4 + 4].abs().sum() == 0  # partition 1 was not drawn
+        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == pytest.approx(ROWS_PER_CANARY * clip)
+    for j in (1, 4):
+        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == 0.0
     assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all(), "every member's row is clipped alone"
     group.start_iteration(torch.tensor([], dtype=torch.long))  # nothing drawn: the noise alone
     san.sanitize_sum(g[:0], scale=2.0)
-    assert san.last_release.shape == (2, 10) and san.last_release.abs().sum() == 0  # no noise in this test
+    assert san.last_release.shape == (2 + ch.extra, 4) and san.last_release.abs().sum() == 0  # no noise here
+
+
+def test_wide_partition_counts_use_several_column_blocks():
+    """K > w: partitions k and k + w share a column in different row blocks; every canary has entries of its
+    own."""
+    c = canaries_with([1] * 10)
+    san = Sanitizer(0.5, 0.0, secret_generator("cpu", seed=4))
+    group = SanitizerCanaries.attach(c, 10, 1, 0.5, {"sanitizer": san})
+    group.start_iteration(torch.tensor([0, 4]))
+    san.sanitize_sum(torch.zeros(2, 1, 1, 2, 2), scale=1.0)
+    ch = c.channels["sanitizer"]
+    assert ch.extra == 3 * ROWS_PER_CANARY  # ceil(10 / 4) blocks of one slot
+    positions = {p for j in range(10) for p in entries(ch, j)}
+    assert len(positions) == 10 * ROWS_PER_CANARY
 
 
 # ---- a run without an audit: the pre-audit sanitisers, verbatim ------------------------------------------------

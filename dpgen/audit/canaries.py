@@ -2,40 +2,52 @@
 
 m canaries, each included by an independent fair coin drawn from the run's secret stream ``audit.coins``.
 Mechanisms see them through a :class:`Channel` (one per mechanism, :mod:`dpgen.audit.hooks`): the channel
-puts the included canaries into the mechanism's input where records enter it, and reads the mechanism's
+puts the included canaries into the mechanism's input where its records enter it, and reads the mechanism's
 *released* values on the canaries' reserved coordinates back into one score per canary. After the run the
 auditor guesses "in" for the k+ highest scores and "out" for the k− lowest (k± fixed in the config, never
 chosen from the scores) and counts the correct guesses (:meth:`Canaries.guess`).
 
-A run with several mechanisms (dpaf: conv1's and conv2*'s DP-SGD and DPAGG) has one channel each. Their
-scores combine into one matched-filter score (each release weighted by 1/noise², so the noisiest channel
-counts least), and each channel is also ranked on its own: a channel whose noise is missing stands out on its
-own even where the claimed noise gives it almost no weight in the combination. These are several tests on the
+The score is the log-likelihood ratio of "in" against "out" given the releases and public values only, the
+Neyman–Pearson statistic of the mechanism as its ledger describes it. A release adds x·u/σ² − u²/(2σ²) on a
+coordinate where an included canary adds u and the noise std is σ (a :class:`Channel` may read it otherwise,
+e.g. G-PATE's pair of bins). Releases that share one sampling draw form a :class:`SamplingGroup` event (a
+DP-SGD step; dpaf's group: its μ DPAGG sums, of which a canary reaches one, and its conv2* step; the GS-WGAN
+family's iteration: every sanitiser path), and the event adds log(1 − q + q·e^L), L the sampled canary's
+log-likelihood ratio over the event's releases. Summed over events it
+is the log-likelihood ratio of the composed subsampled mechanism, whose in/out distributions are the pair the
+f-DP bound (:mod:`dpgen.audit.fdp`) tests. Without noise (``eps=inf``) the channel scores with a reference
+noise equal to the canary's shift.
+
+A run with several channels (dpaf; dpac with ``dpac.sanitize=per_path``; efsgd) has their combined score
+(the log-likelihood ratio of all the events) and each channel's own (its marginal events): a channel whose noise
+is missing stands out on its own even where the combination barely weighs it. These are several tests on the
 same coins, so :func:`dpgen.audit.report.run_tests` splits the confidence among them (Bonferroni).
 
 What a score may depend on (the threat model of the audit): the released outputs of every step (white box:
 every intermediate noisy release, as DP-SGD's analysis assumes) and public values (clip norms, noise
-multipliers, the canaries' reserved coordinates). Never the secret randomness the accounting amplifies over:
-which records a Poisson batch holds, which partition an iteration draws, how a group is split. A score that
-used it would measure the mechanism without its amplification and could exceed a correctly claimed ε. So a
-channel draws its canaries' sampling from secret streams of its own (``audit.<channel>``) and scores sum
-over *every* release, sampled or not.
+multipliers, sampling rates, the canaries' reserved coordinates). Never the secret randomness the accounting
+amplifies over: which records a Poisson batch holds, which partition an iteration draws, how a group is split.
+A score that used it would measure the mechanism without its amplification and could exceed a correctly
+claimed ε. So a channel draws its canaries' sampling from secret streams of its own (``audit.<channel>``) and
+scores sum over *every* release, sampled or not.
 """
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 
 from dpgen.privacy.randomness import SecretGenerator, require_secret
 
-__all__ = ["Canaries", "Channel", "Guesses", "PoissonCanaries"]
+__all__ = ["Canaries", "Channel", "Guesses", "PoissonCanaries", "SamplingGroup"]
 
 
 class Canaries:
-    """m canaries: secret coins and the channels that score them (one running score per canary and channel).
+    """m canaries: secret coins, the channels that score them and the sampling events they share.
 
     ``secret(name)`` hands out the run's secret streams (``run.secret_rng``): the coins come from
     ``audit.coins``, each channel's sampling from ``audit.<channel name>``. Scores stay on ``device``; nothing
@@ -54,6 +66,7 @@ class Canaries:
         self.members = self.included.nonzero().squeeze(1)  # the included canaries' indices (read once, here)
         self.score_dtype = torch.float32 if self.device.type == "mps" else torch.float64
         self.channels: dict[str, Channel] = {}
+        self.groups: list[SamplingGroup] = []
 
     def stream(self, name: str) -> SecretGenerator:
         """The secret stream ``audit.<name>`` (a channel's own sampling draws)."""
@@ -63,6 +76,12 @@ class Canaries:
         if channel.name in self.channels:
             raise ValueError(f"audit channel {channel.name!r} registered twice")
         self.channels[channel.name] = channel
+
+    def group(self, rate: float) -> "SamplingGroup":
+        """A new sampling event kind: releases that share one draw at ``rate``."""
+        g = SamplingGroup(self, rate)
+        self.groups.append(g)
+        return g
 
     def poisson(self, name: str, q: float) -> "PoissonCanaries":
         """Poisson sampling of the included canaries at rate ``q`` from ``audit.<name>``."""
@@ -75,12 +94,19 @@ class Canaries:
     def coins_host(self) -> np.ndarray:
         return self.included.cpu().numpy().astype(np.uint8)
 
+    def finish(self) -> None:
+        """Close every open sampling event (their releases are all in)."""
+        for g in self.groups:
+            g.close()
+
     def scores_host(self, channel: str | None = None) -> np.ndarray:
-        """One channel's scores, or (None) the sum of all channels' weighted scores."""
-        chosen = [self.channels[channel]] if channel is not None else list(self.channels.values())
+        """One channel's scores, or (None) the combined score of all its events."""
+        self.finish()
+        if channel is not None:
+            return self.channels[channel].scores.cpu().numpy().astype(np.float64)
         total = torch.zeros(self.m, dtype=self.score_dtype, device=self.device)
-        for ch in chosen:
-            total += ch.scores
+        for g in self.groups:
+            total += g.scores
         return total.cpu().numpy().astype(np.float64)
 
     def guess(self, k_in: int, k_out: int, channel: str | None = None) -> "Guesses":
@@ -89,6 +115,22 @@ class Canaries:
         if k_in < 0 or k_out < 0 or k_in + k_out > self.m:
             raise ValueError(f"need 0 <= k+ ({k_in}), k- ({k_out}) and k+ + k- <= {self.m} canaries")
         return Guesses.from_scores(self.scores_host(channel), self.coins_host(), k_in, k_out)
+
+    def events(self, channel: str | None = None) -> list:
+        """The :class:`~dpgen.audit.fdp.CanaryEvent` list the canaries went through (all channels, or one)."""
+        from dpgen.audit.fdp import CanaryEvent
+
+        self.finish()
+        merged: Counter = Counter()
+        for g in self.groups:
+            for sig, n in g.signatures.items():
+                chans = [(self.channels[name], r) for name, r in sig if channel is None or name == channel]
+                if not chans:
+                    continue
+                canary = math.fsum(r / ch.canary_multiplier ** 2 for ch, r in chans) ** -0.5
+                ledger = math.fsum(r / z ** 2 for ch, r in chans for z in ch.ledger_reference) ** -0.5
+                merged[(g.rate, round(canary, 12), round(ledger, 12))] += n
+        return [CanaryEvent(q, zc, zl, n) for (q, zc, zl), n in merged.items()]
 
 
 @dataclass(frozen=True)
@@ -116,47 +158,153 @@ class Guesses:
         return cls(int(k_in), int(k_out), int(coins[ins].sum()), int((~coins[outs]).sum()))
 
 
+class SamplingGroup:
+    """Releases that share one sampling draw at ``rate`` (one event per draw): the channels' log-likelihood
+    ratios of the event's releases are pooled and the event adds log(1 − q + q·e^L) to the combined score and
+    log(1 − q + q·e^{L_c}) to each channel c's own. :meth:`close` ends an event (the trainer's next draw, or the
+    end of the run); each event's signature (the channels that released in it, how often) is counted for the
+    hypothesis of the f-DP bound."""
+
+    def __init__(self, canaries: Canaries, rate: float) -> None:
+        if not 0.0 < float(rate) <= 1.0:
+            raise ValueError(f"sampling rate must be in (0, 1], got {rate}")
+        self.canaries, self.rate = canaries, float(rate)
+        self.channels: list[Channel] = []
+        self.scores = torch.zeros(canaries.m, dtype=canaries.score_dtype, device=canaries.device)
+        self.signatures: Counter = Counter()
+        self._log_rest = math.log1p(-self.rate) if self.rate < 1.0 else -math.inf
+        self._log_rate = math.log(self.rate)
+
+    def add(self, channel: "Channel") -> None:
+        self.channels.append(channel)
+
+    def _event(self, log_ratio: torch.Tensor) -> torch.Tensor:
+        if self.rate >= 1.0:
+            return log_ratio
+        return torch.logaddexp(torch.full_like(log_ratio, self._log_rest), log_ratio + self._log_rate)
+
+    def close(self, count: int = 1) -> None:
+        """End the open event (``count`` > 1: that many unsampled events at once, only at rate 1, where they add
+        up). No-op when no channel released since the last close."""
+        open_ = [ch for ch in self.channels if ch.pending_releases]
+        if not open_:
+            return
+        if count != 1 and self.rate < 1.0:
+            raise ValueError("only unsampled events can be closed several at once")
+        total = torch.zeros_like(self.scores)
+        for ch in open_:
+            contribution = ch.take_pending()
+            total += contribution
+            ch.scores += self._event(contribution)
+        self.scores += self._event(total)
+        self.signatures[tuple(sorted((ch.name, ch.last_releases) for ch in open_))] += int(count)
+
+
 class Channel:
     """The hook one mechanism implements: where its canaries enter and how its release is read.
 
     A subclass (:mod:`dpgen.audit.hooks`) puts the included canaries into the mechanism's input before the
     mechanism bounds it (clipping, one vote per teacher, ...) on coordinates no real record touches, and passes
-    the mechanism's released values on those coordinates to :meth:`observe`. ``unit`` is what one included
-    canary adds to its coordinate in one release when the mechanism works (e.g. the clip norm C), ``noise`` the
-    noise multiplier of that coordinate (noise std / unit), ``per_event`` how many releases share one sampling
-    event (a canary reaches at most one of them). A release is scored as released / unit, weighted
-    1 / (per_event · noise²) (the matched filter for a shift of one unit): channels with more noise count less
-    when a run has several.
+    the mechanism's released values on those coordinates to :meth:`observe`.
+
+    * ``shift``: how far an included canary moves its coordinates in one release that holds it (ℓ2), when the
+      mechanism works (e.g. the clip norm C);
+    * ``noise_std``: the noise std on each of them; ``sensitivity``: the ℓ2 sensitivity the ledger charges a
+      record in that release; ``ledger_multipliers``: the ledger's noise multipliers of the release (default
+      noise_std / sensitivity; more when the ledger charges parts the canary does not read, e.g. G-PATE's
+      threshold check);
+    * ``group``: the :class:`SamplingGroup` whose draw the release shares (None: a group of its own, one event per
+      release, at ``rate``); ``parts``: the releases of one event go to this many disjoint sets of canaries (dpaf's
+      μ DPAGG sums, canary j in sum j mod μ), so a canary reaches 1/parts of them.
+
+    The canary's noise multiplier is noise_std / shift, its strength shift / sensitivity (1: the canary moves
+    its release as far as a record may).
     """
 
     kind = "abstract"
 
-    def __init__(self, canaries: Canaries, name: str, unit: float, noise: float, per_event: int = 1,
-                 where: str = "") -> None:
-        if not unit > 0:
-            raise ValueError(f"channel {name}: unit must be > 0, got {unit}")
-        self.canaries, self.name, self.unit = canaries, str(name), float(unit)
-        self.noise, self.per_event, self.where = float(noise), int(per_event), where
-        self.weight = 1.0 / (self.unit * self.per_event * max(self.noise, 1e-3) ** 2)
+    def __init__(self, canaries: Canaries, name: str, shift: float, noise_std: float, sensitivity: float,
+                 rate: float = 1.0, group: SamplingGroup | None = None, parts: int = 1,
+                 ledger_multipliers: Iterable[float] | None = None, where: str = "") -> None:
+        if not (shift > 0 and sensitivity > 0 and noise_std >= 0):
+            raise ValueError(f"channel {name}: need shift > 0, sensitivity > 0, noise_std >= 0; got {shift}, "
+                             f"{sensitivity}, {noise_std}")
+        if shift > sensitivity * (1 + 1e-9):
+            raise ValueError(f"channel {name}: a canary may move its release by at most a record's sensitivity "
+                             f"({sensitivity}), not {shift}")
+        self.canaries, self.name, self.where = canaries, str(name), where
+        self.shift, self.noise_std, self.sensitivity = float(shift), float(noise_std), float(sensitivity)
+        self.ledger_multipliers = [float(z) for z in (ledger_multipliers if ledger_multipliers is not None
+                                                        else [self.noise_std / self.sensitivity])]
+        self.parts = int(parts)
+        #: the noise the score assumes: the mechanism's, or (eps=inf) the canary's shift
+        self.score_std = self.noise_std if self.noise_std > 0 else self.shift
+        self.group = group if group is not None else canaries.group(rate)
+        self.own_group = group is None
+        self.group.add(self)
         self.releases = 0
-        #: the running weighted score of every canary from this channel's releases
+        self.pending_releases = self.last_releases = 0
+        self._pending = self._empty_pending()
+        #: this channel's own score (its marginal events)
         self.scores = torch.zeros(canaries.m, dtype=canaries.score_dtype, device=canaries.device)
         canaries.register(self)
 
+    # -- the hypothesis ------------------------------------------------------------------------------------
+    @property
+    def strength(self) -> float:
+        return self.shift / self.sensitivity
+
+    @property
+    def canary_multiplier(self) -> float:
+        """noise std / shift; without noise (eps=inf) the reference 1 / strength (ledger multiplier 1)."""
+        return self.noise_std / self.shift if self.noise_std > 0 else 1.0 / self.strength
+
+    @property
+    def ledger_reference(self) -> list[float]:
+        """The ledger's multipliers, with 1 for a noiseless one (the eps=inf reference)."""
+        return [z if z > 0 else 1.0 for z in self.ledger_multipliers]
+
+    # -- scoring -------------------------------------------------------------------------------------------
     @property
     def m(self) -> int:
         return self.canaries.m
 
+    def _empty_pending(self) -> torch.Tensor:
+        return torch.zeros(self.m, dtype=self.canaries.score_dtype, device=self.canaries.device)
+
+    def log_ratio(self, released: torch.Tensor) -> torch.Tensor:
+        """log p_in / p_out of one release's values on the m reserved coordinates (a sampled canary: mean
+        ``shift``; an unsampled or excluded one: 0)."""
+        x = released.detach().reshape(self.m).to(self.canaries.score_dtype)
+        return (x * self.shift - 0.5 * self.shift ** 2) / self.score_std ** 2
+
     def observe(self, released: torch.Tensor) -> None:
-        """Add one release's values on the m reserved coordinates (released noisy values, as the mechanism
-        output them) to the scores."""
-        self.scores.add_(released.detach().reshape(self.m).to(self.scores.dtype), alpha=self.weight)
+        """Score one release's values on the m reserved coordinates (released noisy values, as the mechanism
+        output them)."""
+        self.observe_log_ratio(self.log_ratio(released))
+
+    def observe_log_ratio(self, log_ratio: torch.Tensor, events: int = 1) -> None:
+        """Add one release's log-likelihood ratios; ``events`` > 1: the summed ratios of that many unsampled
+        events (rate 1) of a channel with a group of its own (G-PATE's queries of one aggregation)."""
+        self._pending += log_ratio
         self.releases += 1
+        self.pending_releases += 1
+        if self.own_group:
+            self.group.close(events)
+
+    def take_pending(self) -> torch.Tensor:
+        """The open event's log-likelihood ratio of a sampled canary, reset for the next event; how many of the
+        event's releases a canary reached is kept for the event's signature."""
+        out = self._pending
+        self.last_releases = max(1, self.pending_releases // self.parts)
+        self._pending, self.pending_releases = self._empty_pending(), 0
+        return out
 
     def describe(self) -> dict:
-        return {"channel": self.name, "kind": self.kind, "where": self.where, "unit": self.unit,
-                "noise_multiplier": self.noise, "releases_per_sampling_event": self.per_event,
-                "releases_observed": self.releases}
+        return {"channel": self.name, "kind": self.kind, "where": self.where, "shift": self.shift,
+                "noise_std": self.noise_std, "sensitivity": self.sensitivity, "strength": round(self.strength, 6),
+                "canary_noise_multiplier": self.canary_multiplier, "ledger_noise_multipliers": self.ledger_multipliers,
+                "sampling_rate": self.group.rate, "parts": self.parts, "releases_observed": self.releases}
 
 
 class PoissonCanaries:

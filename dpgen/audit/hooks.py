@@ -1,47 +1,56 @@
 """The canary hooks of dpgen's mechanism families (each a :class:`~dpgen.audit.canaries.Channel`).
 
-Every hook gives canary j a coordinate of its own that no real record can reach, puts the included canaries
+Every hook gives canary j coordinates of its own that no real record can reach, puts the included canaries
 into the mechanism's input where its records enter it (before the mechanism bounds them), and reads back the
-mechanism's release on those coordinates. What one canary adds is exactly what one record may add under the
-mechanism's sensitivity argument: more would report a leak that is not there, less would waste power.
+mechanism's release on those coordinates. What one canary adds is at most what one record may add under the
+mechanism's sensitivity argument (more would report a leak that is not there), and as much of it as the
+mechanism's structure lets a canary use (less wastes power): the channel's ``strength`` (shift ÷ sensitivity)
+says how much, and the f-DP bound tests the canaries against the mechanism at that strength.
 
 * :class:`DpsgdCanaries` (DP-SGD: dpgan's D, feta/dpdm's denoiser, dpaf's conv1 and conv2*): a canary's
   per-sample gradient is a Dirac vector of norm :data:`DIRAC_NORM` × C on its own coordinate of an extra
   parameter vector that no forward pass uses, so real records' gradients are 0 there. The mechanism clips it
-  to C with the real rows and adds its noise to the extra coordinates too; the score sums the released noisy
-  gradient sum on the coordinate over every step (sampled or not).
-* :class:`VoteCanaries` (G-PATE's Confident-GNMax): each canary is the only record of a teacher of its own,
-  which votes, in every query, into a reserved bin appended to the vote histogram; an excluded canary's teacher
-  has no data and abstains. The histogram moves by one vote (ℓ2 1 ≤ √2, the sensitivity the ledger charges a
-  query with). Score: the noisy reserved bin summed over every query.
+  to C with the real rows and adds its noise to the extra coordinates too: it moves its coordinate by C, the
+  whole sensitivity (strength 1). A canary costs one coordinate.
+* :class:`VoteCanaries` (G-PATE's Confident-GNMax): each canary is the only record of a teacher of its own, which
+  votes, in every query, into one of two reserved bins appended to the vote histogram: bin B_j when the canary is
+  included, A_j when it is not (an empty teacher's vote, as a data-independent default). The histogram moves by
+  one vote from A_j to B_j: ℓ2 √2, the sensitivity the ledger charges the argmax with (strength 1; the
+  threshold check, charged apart, sees the real bins only). A canary costs two bins of every query.
 * :class:`FeatureCanaries` (DPAF's DPAGG): a canary's feature row is a Dirac vector of norm √m·p (the bound SIN
-  gives every row, Eq. 4) on a reserved coordinate appended to the aggregated space; it is Poisson-sampled
-  with its group and split into one of the group's μ sub-batches as the records are (secret draws). Score: the released aggregate's
-  reserved coordinate summed over all μ releases of every group.
-* :class:`SanitizerCanaries` (the GS-WGAN family's gradient sanitisers: gswgan, dpac, efsgd): canaries belong to
-  the K partitions as records do (canary j to partition j mod K, in generated-sample row (j // K) mod B). An
-  iteration that draws partition k gives each included canary of k a per-sample image gradient (the sanitiser's
-  input row) that is a Dirac vector of norm :data:`DIRAC_NORM` × C on a reserved coordinate d + j appended to
-  the d image-gradient coordinates; the sanitiser clips the extended rows and noises every column with one
-  draw, and only the first d columns go on to G. Score: the released value of coordinate d + j in the canary's
-  row, summed over every iteration (whichever partition it drew).
+  gives every row, Eq. 4) on a reserved coordinate appended to the aggregated space (strength 1); it is
+  Poisson-sampled with its group (a secret draw) into sub-batch j mod μ (public: the ledger charges one Gaussian
+  per group whatever the split); its conv2* gradient is a :class:`DpsgdCanaries` of the same sampling event.
+* :class:`SanitizerCanaries` (the GS-WGAN family's gradient sanitisers: gswgan, dpac, efsgd): canaries are
+  records of the K partitions (canary j of partition j mod K). Each sampled member's B rows (its gradients
+  w.r.t. the B generated images) get E extra rows that only canaries use: canary j owns
+  :data:`ROWS_PER_CANARY` entries (rows of its partition's block, one column), each a Dirac row of norm
+  :data:`DIRAC_NORM` × C before the per-row clip, so it moves each by C. The sanitiser clips every row, sums the
+  sampled members' rows per row index, noises all, and only the B image rows go on to G: real rows and G never
+  see a canary. Strength C·√4 ÷ (2C·√B), a quarter for B = 16: a canary could take 2C on every row, but one
+  that uses a row's whole clip ball leaves it to no other canary of the partition, and a ±C canary (−C when
+  out) is not a pair the ledger's add/remove analysis dominates at small ε.
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
-from dpgen.audit.canaries import Canaries, Channel
+from dpgen.audit.canaries import Canaries, Channel, SamplingGroup
 from dpgen.errors import DpgenError
-from dpgen.privacy.randomness import require_secret
 
-__all__ = ["DIRAC_NORM", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries", "SanitizerCanaries", "dirac_rows"]
+__all__ = ["DIRAC_NORM", "ROWS_PER_CANARY", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries",
+           "SanitizerCanaries", "dirac_rows"]
 
-#: a DP-SGD canary's per-sample gradient norm, in units of the clip norm C: far above C, so that a missing or
-#: loosened clip lets ~1000× the canary through and the audit sees it at once; clipped, it adds exactly C
+#: a canary's gradient (or row) norm before clipping, in units of the clip norm C: far above C, so that a
+#: missing or loosened clip lets ~1000x the canary through and the audit sees it at once; clipped, it adds C
 DIRAC_NORM = 1000.0
+#: the extra sanitiser rows (entries) one GS-WGAN-family canary owns (at most 4B: its shift C·√4 stays within
+#: the 2C·√B a record may move a member's rows by)
+ROWS_PER_CANARY = 4
 
 
 def dirac_rows(idx: torch.Tensor, m: int, norm: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -58,15 +67,18 @@ class DpsgdCanaries(Channel):
     its released noisy sum on the coordinates to :meth:`observe`.
 
     ``sample()`` says which included canaries this step's batch holds (:class:`~dpgen.audit.canaries.PoissonCanaries`
-    at the mechanism's rate, or the sample of a sampling event the step shares with another release).
+    at the mechanism's rate, or the sample of a sampling event the step shares with other releases: ``group``).
     ``scale``: what the release divides the noisy sum by (feta's expected batch B*; 1 for a sum).
     """
 
     kind = "dp-sgd"
 
     def __init__(self, canaries: Canaries, name: str, clip: float, noise_multiplier: float,
-                 sample: Callable[[], torch.Tensor], scale: float = 1.0, where: str = "") -> None:
-        super().__init__(canaries, name, unit=float(clip) / float(scale), noise=noise_multiplier,
+                 sample: Callable[[], torch.Tensor], scale: float = 1.0, rate: float = 1.0,
+                 group: SamplingGroup | None = None, where: str = "") -> None:
+        unit = float(clip) / float(scale)
+        super().__init__(canaries, name, shift=unit, noise_std=float(noise_multiplier) * unit, sensitivity=unit,
+                         rate=rate, group=group, ledger_multipliers=[float(noise_multiplier)],
                          where=where or f"{name}: per-sample gradient before clipping, a Dirac vector of norm "
                                         f"{DIRAC_NORM:g}*C on the canary's reserved parameter coordinate")
         self.clip = float(clip)
@@ -77,8 +89,9 @@ class DpsgdCanaries(Channel):
     @classmethod
     def poisson(cls, canaries: Canaries, name: str, clip: float, noise_multiplier: float, q: float,
                 scale: float = 1.0) -> "DpsgdCanaries":
-        """Canaries of a DP-SGD phase whose steps Poisson-sample records at rate ``q``: sampled alike."""
-        return cls(canaries, name, clip, noise_multiplier, canaries.poisson(name, q).draw, scale)
+        """Canaries of a DP-SGD phase whose steps Poisson-sample records at rate ``q``: sampled alike, one
+        sampling event per step."""
+        return cls(canaries, name, clip, noise_multiplier, canaries.poisson(name, q).draw, scale, rate=q)
 
     def rows(self) -> torch.Tensor:
         """This step's canary rows (c, m): Dirac vectors of norm DIRAC_NORM·C, before clipping."""
@@ -90,163 +103,227 @@ class DpsgdCanaries(Channel):
 
 
 class VoteCanaries(Channel):
-    """G-PATE canaries: m reserved bins after the B real bins of every query's vote histogram.
+    """G-PATE canaries: 2m reserved bins after the real bins of every query's vote histogram, A_0..A_{m-1} then
+    B_0..B_{m-1}.
 
     Canary j is the one record of a teacher of its own (not one of the real teachers, whose partitions and
-    votes stay exactly those of the run); that teacher votes into bin B + j in every query when the canary is
-    included and abstains otherwise. The number of teachers and N do not enter G-PATE's (data-independent)
-    accounting, so the ledger is unchanged.
+    votes stay exactly those of the run); that teacher votes into B_j in every query when the canary is
+    included and into A_j otherwise. The number of teachers and N do not enter G-PATE's (data-independent)
+    accounting, so the ledger is unchanged. ``ledger_multipliers``: the ledger's multipliers of one query
+    (threshold σ1/1 and argmax σ2/√2, or the argmax alone).
     """
 
     kind = "votes"
 
-    def __init__(self, canaries: Canaries, name: str, sigma: float, where: str = "") -> None:
-        super().__init__(canaries, name, unit=1.0, noise=sigma,
+    def __init__(self, canaries: Canaries, name: str, sigma: float, ledger_multipliers: Iterable[float],
+                 where: str = "") -> None:
+        super().__init__(canaries, name, shift=math.sqrt(2.0), noise_std=float(sigma), sensitivity=math.sqrt(2.0),
+                         rate=1.0, ledger_multipliers=list(ledger_multipliers),
                          where=where or f"{name}: the vote histogram before the Gaussian argmax noise; a canary's "
-                                        "teacher votes into a reserved bin of its own in every query")
+                                        "teacher votes into reserved bin B_j (included) or A_j (excluded) of every "
+                                        "query")
+
+    @property
+    def bins(self) -> int:
+        """Reserved bins per query."""
+        return 2 * self.m
 
     def votes(self, queries: int) -> torch.Tensor:
-        """(queries, m) vote counts of the canaries' teachers: 1 in every query for an included canary."""
-        return self.canaries.included.to(torch.float32).unsqueeze(0).expand(int(queries), self.m)
+        """(queries, 2m) vote counts of the canaries' teachers: one vote per canary and query, in B_j or A_j."""
+        inc = self.canaries.included.to(torch.float32)
+        return torch.cat([1.0 - inc, inc]).unsqueeze(0).expand(int(queries), self.bins)
 
     def observe_queries(self, noisy: torch.Tensor) -> None:
-        """``noisy`` (queries, m): the noisy reserved bins of one aggregation, summed over its queries."""
-        self.observe(noisy.sum(0))
+        """``noisy`` (queries, 2m): the noisy reserved bins of one aggregation. Per query the difference
+        d = B_j − A_j has mean +1 (in) or −1 (out) and std √2·σ: log-likelihood ratio d / σ², summed over the
+        queries (unsampled events)."""
+        d = (noisy[:, self.m:] - noisy[:, :self.m]).detach().to(self.canaries.score_dtype).sum(0)
+        self.observe_log_ratio(d / self.score_std ** 2, events=int(noisy.shape[0]))
 
 
 class FeatureCanaries(Channel):
     """DPAF DPAGG canaries: m reserved coordinates after the d = m_feat·p·p aggregated feature coordinates.
 
-    :meth:`start_group` draws which included canaries the group's Poisson sample (rate ρ) holds and into which of
-    the μ disjoint sub-batches each goes (uniform; any split keeps the ledger's bound); :meth:`rows` gives
-    sub-batch j's canary feature rows, Dirac vectors of norm ``sensitivity`` (√m·p, the row bound of SIN).
+    :meth:`start_group` closes the last group's sampling event and draws which included canaries the group's
+    Poisson sample (rate ρ) holds; canary j enters sub-batch j mod μ (public: the ledger charges one Gaussian
+    per group whatever the split, so a record whose sub-batch is known is within its analysis, and a canary in an
+    unknown one of μ releases would be weaker); :meth:`rows` gives sub-batch i's canary feature rows, Dirac vectors
+    of norm ``sensitivity`` (√m·p, the row bound of SIN). The group's conv2* step is a :class:`DpsgdCanaries` of
+    the same ``group``, holding the whole group sample.
     """
 
     kind = "dpagg"
 
     def __init__(self, canaries: Canaries, name: str, sensitivity: float, noise_multiplier: float, rate: float,
                  mu: int, where: str = "") -> None:
-        super().__init__(canaries, name, unit=sensitivity, noise=noise_multiplier, per_event=mu,
-                         where=where or f"{name}: a feature row entering DPAGG's sum, a Dirac vector of norm "
-                                        "sqrt(m)*p (SIN's row bound) on the canary's reserved coordinate")
-        self.sensitivity, self.mu = float(sensitivity), int(mu)
+        sens = float(sensitivity)
+        super().__init__(canaries, name, shift=sens, noise_std=float(noise_multiplier) * sens,
+                         sensitivity=sens, group=canaries.group(rate), parts=int(mu),
+                         ledger_multipliers=[float(noise_multiplier)],
+                         where=where or f"{name}: a feature row entering DPAGG's sum of sub-batch j mod mu, a Dirac "
+                                        "vector of norm sqrt(m)*p (SIN's row bound) on the canary's reserved "
+                                        "coordinate")
+        self.row_norm, self.mu = float(sensitivity), int(mu)
         self.sampler = canaries.poisson(name, rate)
-        self.split_gen = require_secret(canaries.stream(f"{name}.split"), "audit canary split")
-        self.group: torch.Tensor = torch.zeros(0, dtype=torch.long, device=canaries.device)
-        self.parts: list[torch.Tensor] = []
+        #: canary j's sub-batch (public)
+        self.part_of = torch.arange(canaries.m, device=canaries.device) % self.mu
+        self.sampled: torch.Tensor = torch.zeros(0, dtype=torch.long, device=canaries.device)
+        self.part = 0
 
-    def start_group(self, split: Callable[[torch.Tensor, int, torch.Generator], list[torch.Tensor]]
-                    ) -> torch.Tensor:
-        """Draw the next group's canaries and ``split`` them into the μ sub-batches (the split the records get,
-        from a secret stream of the audit's); returns the group's sampled canaries (all μ sub-batches: what a
+    def start_group(self) -> torch.Tensor:
+        """Close the last group's event and draw the next group's canaries; returns them (all μ sub-batches: what a
         DP-SGD step on the whole group sample holds)."""
-        self.group = self.sampler.draw()
-        self.parts = split(self.group, self.mu, self.split_gen)
-        return self.group
+        self.group.close()
+        self.sampled = self.sampler.draw()
+        return self.sampled
 
     def rows(self, j: int) -> torch.Tensor:
-        """Sub-batch j's canary feature rows on the reserved coordinates (c_j, m)."""
-        return dirac_rows(self.parts[j], self.m, self.sensitivity)
+        """Sub-batch j's canary feature rows on the reserved coordinates (c_j, m); the release that follows is
+        sub-batch j's (:meth:`observe`)."""
+        self.part = int(j)
+        # the other sub-batches' canaries as zero rows, which add nothing: a mask would read the sample back
+        keep = (self.part_of.index_select(0, self.sampled) == self.part).unsqueeze(1)
+        return dirac_rows(self.sampled, self.m, self.row_norm) * keep
+
+    def log_ratio(self, released: torch.Tensor) -> torch.Tensor:
+        """Sub-batch j's release speaks of the canaries of sub-batch j only."""
+        return torch.where(self.part_of == self.part, super().log_ratio(released), 0.0)
 
 
 class SanitizerCanaries(Channel):
-    """Canaries of one GS-WGAN gradient sanitiser (GS-WGAN Alg. 1 / DPAC Eq. 5, 9; EFSGD Eq. 7–11): m reserved
-    coordinates after the d coordinates of each per-sample image-gradient row (d pixels, or L coefficients with
-    ``dpac.grad_basis``).
+    """Canaries of one GS-WGAN gradient sanitiser (GS-WGAN Alg. 1 / DPAC Eq. 5, 9; EFSGD Eq. 7–11) on E extra
+    rows of every sampled member's release.
 
-    Canary j is a record of partition j mod K; in an iteration that draws its partition it is the generated
-    sample of row (j // K) (so m ≤ K·B: at most one canary per partition and row). The trainer calls
-    :meth:`start_iteration` with the drawn partitions k_1..k_M (a device tensor); the sanitiser then calls
-    :meth:`extend` on its (M·B, d) rows (member j's B rows) before clipping, and :meth:`release` on its (B, d + m)
-    release (the clipped rows summed over the M members, plus noise), which scores the reserved coordinates and
-    hands the first d columns back. Row r of an iteration that
-    drew k carries e_{d+j}·DIRAC_NORM·C for the included canary j = k + r·K: after the clip it adds C to that one
-    row, within the 2C per row (all B rows) that the sanitiser's sensitivity argument allows a record of
-    partition k. An error-feedback sanitiser (efsgd) clips and keeps error states on the extended rows, so a
-    canary's residual is fed back like any coordinate's (bounded by C2 per row, within 2(C1 + C2)).
+    Canary j is a record of partition k = j mod K, in slot r = j // K of it. The sanitiser's rows are w wide (d
+    pixels, or L coefficients with ``dpac.grad_basis``); partition k's canaries live in column k mod w of row block
+    k // w, each in :data:`ROWS_PER_CANARY` rows of its own (slot r: rows r·b … r·b + b − 1 of the block), so E =
+    ⌈K / w⌉ · ⌈m / K⌉ · b. The trainer calls :meth:`start_iteration` with the drawn partitions k_1..k_M (a device
+    tensor); the sanitiser calls :meth:`extend` on its (M·B, w) rows before clipping (member i's B rows become
+    B + E: the extra rows of partition k_i hold DIRAC_NORM·C at its included canaries' entries, zero elsewhere),
+    clips every row, sums the members' rows per row index and noises the (B + E, w) sum, and calls
+    :meth:`release`, which scores the extra rows and hands the B image rows back. A record may move each of its
+    member's B rows by 2C (the sensitivity 2C·√B the ledger charges per path; efsgd: 2(C1 + C2)·√B); a canary
+    moves its b entries by C each (C·√b), and nothing else: its rows carry no image gradient, are not fed back
+    (efsgd) and never reach G, so canaries are independent of each other and of the run.
 
-    The score reads only the released values: coordinate d + j of row j // K (public), summed over every
-    iteration, whichever partition it drew, so the auditor never uses the secret draw k.
+    The score reads only released values: the sum of canary j's b entries (public positions), over every
+    iteration, whichever partitions it drew; the sampling event is the iteration (rate ``rate``, shared by the
+    paths of one run: ``group``).
     """
 
     kind = "sanitizer"
 
     def __init__(self, canaries: Canaries, name: str, partitions: int, rows: int, clip: float, noise_std: float,
-                 where: str = "") -> None:
+                 row_sensitivity: float, rate: float, group: SamplingGroup | None = None, where: str = "") -> None:
         k, b, m = int(partitions), int(rows), canaries.m
-        if m > k * b:
-            raise DpgenError(f"audit.canaries={m} must be <= K*B = {k}*{b} = {k * b} for {name} (one canary per "
-                             "partition and generated-sample row)")
-        super().__init__(canaries, name, unit=float(clip), noise=float(noise_std) / float(clip),
-                         where=where or f"{name}: a generated sample's image gradient before clipping, a Dirac "
-                                        f"vector of norm {DIRAC_NORM:g}*C on the canary's reserved coordinate, in "
-                                        "row j // K of the iterations that draw its partition j mod K")
+        if m > max_sanitizer_canaries(k, b):
+            raise DpgenError(f"audit.canaries={m} must be <= 4*K*B = 4*{k}*{b} = {max_sanitizer_canaries(k, b)} "
+                             f"for {name} (extra sanitiser rows per partition)")
+        per = ROWS_PER_CANARY
+        super().__init__(canaries, name, shift=float(clip) * math.sqrt(per), noise_std=float(noise_std),
+                         sensitivity=float(row_sensitivity) * math.sqrt(b), rate=rate, group=group,
+                         where=where or f"{name}: {per} extra sanitiser rows of its partition's member per canary, "
+                                        f"each a Dirac row of norm {DIRAC_NORM:g}*C on the canary's entry before "
+                                        "the per-row clip; never fed back, never reaching G")
         self.clip, self.partitions, self.rows_per_release = float(clip), k, b
-        dev = canaries.device
-        j = torch.arange(m, device=dev)
-        #: [K, B]: the canary of partition k in row r (m: none), and DIRAC_NORM·C where it is included, else 0
-        table = torch.full((k * b,), m, dtype=torch.long, device=dev)
-        table[(j % k) * b + j // k] = j
-        self.table = table.view(k, b)
-        value = torch.cat([canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip),
-                           torch.zeros(1, device=dev)])
-        self.value = value[self.table]
-        self.row_of, self.cols = j // k, j  # canary j's row (public) and its column after the d image columns
+        self.slots = -(-m // k)  # canaries per partition
+        self.block = self.slots * per  # extra rows of one partition block
+        self.width: int | None = None
         self.current: torch.Tensor | None = None
         self.shape: torch.Size | None = None
 
+    def _layout(self, width: int, device: torch.device) -> None:
+        """Positions once the row width w is known: canary j's b flat indices into the (E, w) extra rows, and per
+        partition the flat indices and DIRAC_NORM·C values (0 where excluded or absent) of its canaries."""
+        k, m, per = self.partitions, self.m, ROWS_PER_CANARY
+        self.width = w = int(width)
+        self.extra = -(-k // w) * self.block
+        j = torch.arange(m, device=device)
+        part, slot = j % k, j // k
+        row0 = (part // w) * self.block + slot * per
+        offs = torch.arange(per, device=device)
+        #: (m, b) flat indices of canary j's entries in the (E, w) extra rows
+        self.entries = (row0.unsqueeze(1) + offs) * w + (part % w).unsqueeze(1)
+        value = self.canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip)
+        #: per partition (K, slots·b): flat indices (pointing at an unused padding slot E·w where absent)
+        idx = torch.full((k, self.slots, per), self.extra * w, dtype=torch.long, device=device)
+        val = torch.zeros((k, self.slots, per), device=device)
+        idx[part, slot] = self.entries
+        val[part, slot] = value.unsqueeze(1).expand(m, per)
+        self.part_index, self.part_value = idx.view(k, -1), val.view(k, -1)
+
     def start_iteration(self, k: torch.Tensor) -> None:
-        """The iteration drew partitions ``k`` (a device tensor of M ≥ 0 members: no host sync): their included
-        canaries enter this iteration's rows."""
+        """The iteration drew partitions ``k`` (a device tensor of M ≥ 0 members: no host sync): the last
+        iteration's sampling event closes, and their included canaries enter this iteration's extra rows."""
         self.current = k.reshape(-1)
 
     def extend(self, rows: torch.Tensor) -> torch.Tensor:
-        """(M·B, ...) rows, member j's B rows after member j-1's → (M·B, d + m): the rows flattened, then the
-        canaries' Dirac columns (before clipping); a canary of partition k_j enters member j's rows only."""
+        """(M·B, ...) rows, member i's B rows after member i-1's → (M·(B + E), w): member i's B rows flattened,
+        then the E extra rows of partition k_i (Dirac entries of its included canaries, before clipping)."""
         if self.current is None:
             raise RuntimeError(f"audit channel {self.name}: start_iteration(k) was not called")
-        b, m_members = self.rows_per_release, len(self.current)
-        if rows.shape[0] != m_members * b:
-            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected M*B={m_members}*{b}")
-        self.shape = torch.Size((b, *rows.shape[1:]))
+        b, members = self.rows_per_release, len(self.current)
+        if rows.shape[0] != members * b:
+            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected M*B={members}*{b}")
         flat = rows.flatten(1)
-        extra = torch.zeros(rows.shape[0], self.m + 1, dtype=flat.dtype, device=flat.device)
+        if self.width is None:
+            self._layout(flat.shape[1], flat.device)
+        self.shape = torch.Size((b, *rows.shape[1:]))
+        w = self.width
+        extra = torch.zeros(members, self.extra * w + 1, dtype=flat.dtype, device=flat.device)
         # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
-        extra.scatter_(1, self.table.index_select(0, self.current).view(-1, 1),
-                       self.value.index_select(0, self.current).view(-1, 1).to(flat.dtype))
-        return torch.cat([flat, extra[:, :self.m]], dim=1)
+        extra.scatter_(1, self.part_index.index_select(0, self.current),
+                       self.part_value.index_select(0, self.current).to(flat.dtype))
+        out = torch.cat([flat.view(members, b, w), extra[:, :-1].view(members, self.extra, w)], dim=1)
+        return out.reshape(members * (b + self.extra), w)
+
+    @property
+    def rows_per_member(self) -> int:
+        """B + E: a member's rows after :meth:`extend`."""
+        return self.rows_per_release + (self.extra if self.width is not None else 0)
 
     def release(self, released: torch.Tensor) -> torch.Tensor:
-        """Score the reserved coordinates of the (B, d + m) release; return its first d columns in the rows'
-        original shape (what goes on to G)."""
-        d = released.shape[1] - self.m
-        self.observe(released.detach()[self.row_of, d + self.cols])
-        return released[:, :d].reshape(self.shape)
+        """Score the E extra rows of the (B + E, w) release; return its B image rows in the rows' original shape
+        (what goes on to G)."""
+        b = self.rows_per_release
+        extra = released.detach()[b:].reshape(-1).to(self.canaries.score_dtype)
+        x = extra[self.entries].sum(1)  # the canary's b entries, each moved by C when it is in the release
+        self.observe_log_ratio((x * self.clip - 0.5 * self.shift ** 2) / self.score_std ** 2)
+        return released[:b].reshape(self.shape)
 
     @classmethod
-    def attach(cls, canaries: Canaries, partitions: int, rows: int,
+    def attach(cls, canaries: Canaries, partitions: int, rows: int, rate: float,
                sanitizers: dict[str, object]) -> "SanitizerGroup":
         """One channel per sanitiser path (``sanitizers``: name → sanitiser, None for a path that is off), each set
-        as its sanitiser's ``audit``; returns the group whose :meth:`SanitizerGroup.start_iteration` the trainer
-        calls once per iteration."""
-        group = []
+        as its sanitiser's ``audit``, all in one sampling event per iteration (rate ``rate``); returns the group
+        whose :meth:`SanitizerGroup.start_iteration` the trainer calls once per iteration."""
+        group = canaries.group(rate)
+        channels = []
         for name, san in sanitizers.items():
             if san is None:
                 continue
-            ch = cls(canaries, name, partitions, rows, san.clip, san.noise_std)
+            row_sens = float(getattr(san, "sensitivity", 2.0 * san.clip))
+            ch = cls(canaries, name, partitions, rows, san.clip, san.noise_std, row_sens, rate, group)
             san.audit = ch
-            group.append(ch)
-        return SanitizerGroup(group)
+            channels.append(ch)
+        return SanitizerGroup(channels, group)
+
+
+def max_sanitizer_canaries(partitions: int, rows: int) -> int:
+    """The most canaries a GS-WGAN-family audit takes: 4·K·B (16 extra rows per image row and partition)."""
+    return 4 * int(partitions) * int(rows)
 
 
 class SanitizerGroup:
-    """The sanitiser channels of one GS-WGAN-family run."""
+    """The sanitiser channels of one GS-WGAN-family run and their per-iteration sampling event."""
 
-    def __init__(self, channels: list[SanitizerCanaries]) -> None:
-        self.channels = channels
+    def __init__(self, channels: list[SanitizerCanaries], group: SamplingGroup) -> None:
+        self.channels, self.group = channels, group
 
     def start_iteration(self, k: torch.Tensor) -> None:
         """The iteration drew partitions ``k`` (one with the paper's uniform draw, Alg. 1 line 2; any number with
-        Poisson sampling): every path's canaries of those partitions enter this iteration's rows."""
+        Poisson sampling): the last iteration's event closes, and every path's canaries of those partitions enter
+        this iteration's extra rows."""
+        self.group.close()
         for ch in self.channels:
             ch.start_iteration(k)

@@ -168,9 +168,9 @@ def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, eva
     if cfg.get("audit") is not None:  # scripts/audit.py: canaries in the mechanisms (dpgen.audit)
         from dpgen.audit.report import attach
 
-        attach(run, cfg)
+        canaries = attach(run, cfg)
         log.info("audit: %d canaries, each included by a secret fair coin (audit/coins.npy after the run)",
-                 int(cfg.audit.canaries))
+                 canaries.m)
     method = load_method(cfg.method.name)
     log.info("method=%s dataset=%s (N=%d) eps=%g delta=%g profile=%s device=%s%s", cfg.method.name, data.name,
              len(data.train), target, delta, cfg.profile, device,

@@ -154,26 +154,28 @@ AUDITED_METHODS = ("dpgan", "feta", "dpdm", "gpate", "dpaf", "gswgan", "dpac", "
 class AuditSchema:
     """``audit:`` block of ``scripts/audit.py`` (configs/audit.yaml): the one-run privacy audit (dpgen/audit/)."""
 
-    canaries: int = spec(ge=1, le=1_000_000)  # m canaries, each included by a fair secret coin
-    guesses: int = spec(ge=0)                 # default of guesses_in and guesses_out
-    guesses_in: int = spec(ge=0)              # k+: "in" for the k+ highest scores
-    guesses_out: int = spec(ge=0)             # k-: "out" for the k- lowest scores
+    canaries: Optional[int] = spec(None, ge=1, le=1_000_000)  # m canaries (null: the method's default, audit/sizes.py)
+    guesses: Optional[int] = spec(None, ge=0)                 # default of guesses_in and guesses_out (null: 2 % of m)
+    guesses_in: Optional[int] = spec(None, ge=0)              # k+: "in" for the k+ highest scores
+    guesses_out: Optional[int] = spec(None, ge=0)             # k-: "out" for the k- lowest scores
     confidence: float = spec(gt=0.0, lt=1.0)  # of the lower bound on epsilon
+    bound: str = spec(choices=("fdp", "sn"))  # the bound printed and used for the finding (audit.json holds both)
     evaluate: bool = spec()                   # also run the shared evaluator on the audited generator
 
     @staticmethod
     def cross_check(node: Any, key: str, ctx: CheckContext) -> None:
-        cfg, m = ctx.cfg, int(node.canaries)
-        if int(node.guesses_in) + int(node.guesses_out) < 1 or int(node.guesses_in) + int(node.guesses_out) > m:
-            raise bad(f"{key}.guesses_in", node.guesses_in, f"guesses_in + guesses_out (now {node.guesses_out}) "
-                      f"between 1 and {key}.canaries={m}")
+        from dpgen.audit.sizes import audit_sizes, max_canaries
+
+        cfg = ctx.cfg
         if str(cfg.method.name) not in AUDITED_METHODS:
             raise bad("method", cfg.method.name, f"one of {', '.join(AUDITED_METHODS)} for an audit")
-        ens = cfg.get(str(cfg.method.hparams))  # the GS-WGAN family: one canary per partition and generated row
-        if ens is not None and "num_discriminators" in ens and m > int(ens.num_discriminators) * int(ens.batch_size):
-            p = cfg.method.hparams
-            raise bad(f"{key}.canaries", m, f"at most {p}.num_discriminators * {p}.batch_size = "
-                      f"{int(ens.num_discriminators) * int(ens.batch_size)} (one canary per partition and row)")
+        m, k_in, k_out = audit_sizes(cfg)
+        if k_in + k_out < 1 or k_in + k_out > m:
+            raise bad(f"{key}.guesses_in", k_in, f"guesses_in + guesses_out (now {k_out}) between 1 and "
+                      f"{key}.canaries={m}")
+        cap = max_canaries(cfg)
+        if cap is not None and m > cap[0]:
+            raise bad(f"{key}.canaries", m, f"at most {cap[1]}")
         if cfg.resume is not None:
             raise bad("resume", cfg.resume, "null: an audit is one uninterrupted run (its scores are not "
                       "checkpointed)")

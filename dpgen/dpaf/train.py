@@ -171,12 +171,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     gsm.disable_hooks()
     g_net = CondGenerator(k, shape, z_dim=int(hp.z_dim), width=int(hp.g_width)).to(dev)
     z3, z2 = (float(state["z3"]), float(state["z2"])) if state else budget.group_sigmas()
-    # an audit run's canaries: sampled with the group (rate rho), one feature row in one of its mu DPAGG sums and
-    # one per-sample gradient in its conv2* step, both before their bounds (dpgen.audit)
+    # an audit run's canaries: sampled with the group (rate rho), one feature row in DPAGG sum j mod mu and one
+    # per-sample gradient in its conv2* step, both before their bounds (dpgen.audit)
     agg_canaries = (FeatureCanaries(run.audit, "dpaf.dpagg", d_net.sensitivity, z3, budget.rho, mu)
                     if run.audit else None)
-    d2_canaries = (DpsgdCanaries(run.audit, "dpaf.conv2", float(hp.clip_d), z2, lambda: agg_canaries.group)
-                   if run.audit else None)
+    d2_canaries = (DpsgdCanaries(run.audit, "dpaf.conv2", float(hp.clip_d), z2, lambda: agg_canaries.sampled,
+                                 group=agg_canaries.group) if run.audit else None)
     opt_d2 = _dp_opt(dp_block.parameters(), hp, float(hp.lr_d), z2, float(hp.clip_d), mu * bsz, g_noise, d2_canaries)
     opt_head = torch.optim.Adam(d_net.head.parameters(), lr=float(hp.lr_d), betas=tuple(hp.betas))
     opt_g = torch.optim.Adam(g_net.parameters(), lr=float(hp.lr_g), betas=tuple(hp.betas))
@@ -214,7 +214,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         idx = sample_d(g)
         subs = split_group(idx, mu, g_split)
         if agg_canaries is not None:
-            agg_canaries.start_group(split_group)
+            agg_canaries.start_group()
         with torch.no_grad():  # the μ DPAGG releases of this group (conv1/conv2* are fixed within it)
             real_aggs = [dpagg(d_net.features(x_all[s], y_all[s], eps_sin), sens, z3, bsz, g_agg, agg_canaries, j)
                          for j, s in enumerate(subs)]

@@ -129,6 +129,11 @@ class ErrorFeedbackSanitizer(Sanitizer):
         if not self.error_feedback:
             self.last_direction = self.last_clipped
             return clipped
+        if y is not None and y.shape[0] < b:  # an audit's canary rows follow the B image rows: clipped, no feedback
+            real = y.shape[0]
+            v = self.update_members(g[:, :real], k, y)
+            self.last_clipped = clipped.reshape(flat.shape)
+            return torch.cat([v, clipped[:, real:]], dim=1)
         k = torch.as_tensor(k, device=g.device).reshape(-1)
         if self.error is None:
             self.error = torch.zeros((self.parts, self.classes, *shape), device=g.device, dtype=g.dtype)
@@ -159,8 +164,9 @@ class ErrorFeedbackSanitizer(Sanitizer):
         dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
         with full_precision():
             g = at_least_fp32(g).reshape(m * b, *shape)
-            g = g if self.audit is None else self.audit.extend(g)  # the canaries' columns, before clip and feedback
-            v = self.update_members(g.reshape(m, b, *g.shape[1:]), k, y).sum(0)
+            g = g if self.audit is None else self.audit.extend(g)  # the canaries' rows, before the clip
+            per = b if self.audit is None else self.audit.rows_per_member
+            v = self.update_members(g.reshape(m, per, *g.shape[1:]), k, y).sum(0)
             noise = gaussian_noise(v.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
                                    mechanism="error-feedback sanitizer noise")
             self.last_signal, self.last_release = v.detach(), (v + noise).detach()

@@ -133,7 +133,7 @@ def dp_grad_agg(grad_chunks: Iterable[tuple[int, int, torch.Tensor]], shape: tup
         res = confident_gnmax(counts, threshold, sigma1, sigma2, noise_gen)
     else:
         votes = torch.cat([counts.to(torch.float32), canaries.votes(m * k)], dim=1)
-        res = confident_gnmax(votes, threshold, sigma1, sigma2, noise_gen, reserved=canaries.m)
+        res = confident_gnmax(votes, threshold, sigma1, sigma2, noise_gen, reserved=canaries.bins)
         canaries.observe_queries(res.reserved)
     mids = bin_midpoints(c, bins, device)
     u_priv = torch.where(res.answered, mids[res.winner], torch.zeros((), device=device)).view(m, k)  # line 9

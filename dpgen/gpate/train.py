@@ -252,7 +252,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                                                         threshold=cfg["threshold"] is not None)
     nm = query_noise(cfg)
     # an audit run's canaries: teachers of their own voting into reserved bins of every query (dpgen.audit)
-    canaries = VoteCanaries(run.audit, ENTRY, cfg["sigma2"]) if run.audit else None
+    canaries = VoteCanaries(run.audit, ENTRY, cfg["sigma2"], nm) if run.audit else None
 
     # --- networks ----------------------------------------------------------------------------
     if data.tabular:

@@ -71,7 +71,9 @@ class Sanitizer:
         with full_precision():
             g = at_least_fp32(g).reshape(m * b, *shape)
             rows = g if self.basis is None else g.flatten(1) @ self.basis
-            rows = rows if self.audit is None else self.audit.extend(rows)  # the canaries' columns, before the clip
+            rows = rows if self.audit is None else self.audit.extend(rows)  # the canaries' rows, before the clip
+            # a member's rows: its B images', then an audit's extra rows
+            images, b = b, b if self.audit is None else self.audit.rows_per_member
             self.last_norms = rows.detach().flatten(1).norm(dim=1)
             clipped = clip_rows(rows, self.clip)
             signal = clipped.reshape(m, b, *rows.shape[1:]).sum(0)
@@ -84,7 +86,7 @@ class Sanitizer:
             release = release if self.audit is None else self.audit.release(release)  # scored; image part to G
             if self.basis is not None:
                 release = release @ self.basis.T
-            return (release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
+            return (release.reshape(images, *shape) / (float(scale) * images)).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Identity in the forward pass; the backward pass of the returned tensor is sanitised."""

@@ -564,7 +564,9 @@ class GsWgan:
         basis = sanitizer_basis(hp, shape, dev)
         self.build_sanitizers(z_noise, basis)
         # an audit run's canaries: records of the partitions, one channel per sanitiser path (dpgen.audit)
-        self.canaries = (SanitizerCanaries.attach(run.audit, K, B, self.audited_sanitizers()) if run.audit
+        # one sampling event per iteration at the ledger's rate (the uniform draw: 1/K)
+        rate = min(1.0, self.per_iter / K) if self.poisson else 1.0 / K
+        self.canaries = (SanitizerCanaries.attach(run.audit, K, B, rate, self.audited_sanitizers()) if run.audit
                          else None)
         if state:
             self.load_state_dict(state)
