@@ -72,6 +72,8 @@ CONSTANTS = {
     "2 h": "hydra/launcher=slurm's time per attempt of dpgan, dpaf and quick jobs (configs/hydra/launcher/slurm.yaml)",
     "4 h": "hydra/launcher=slurm's time per attempt of gpate (and gswgan's before the Unreleased change); the GPU "
            "check's target for GS-WGAN's whole run (bench/gpu_check.py)",
+    "99 %": "the confidence of docs/auditing.md's results (audit.confidence=0.99 on their commands)",
+    "2 %": "audit.guesses' default: 2 % of the canaries on each side (dpgen/audit/sizes.py)",
     "1.3×": "bench/dpsgd_overhead.py's target: a private step within 1.3 times a non-private one",
     "7 minutes": "GPU_BUDGET's default in the Makefile (bench/gpu_check.py --budget)",
     "10 h": "dpac's and efsgd's SLURM time per attempt before the Unreleased change (CHANGELOG.md)",
