@@ -55,8 +55,8 @@ def train_in_memory(method: str, run_dir: Path, *overrides: str, eps: float | st
                     accounting: str = "sound", seed: int = 0, device=None, **run_kwargs):
     """Run ``method``'s ``train()`` on tiny settings without the CLI; returns ``(generator, ledger, run)``.
 
-    ``data`` defaults to the embedded digits; ``device`` to the CPU. One torch thread, so two calls with the same ``noise_seed`` (a
-    ``run_kwargs`` key: it fixes the secret streams) are bit-comparable; without it they differ.
+    ``data`` defaults to the embedded digits; ``device`` to the CPU. One torch thread, so two calls with the same
+    ``noise_seed`` (a ``run_kwargs`` key: it fixes the secret streams) are bit-comparable; without it they differ.
     """
     from dpgen.core.methods import load_method
     from dpgen.core.pipeline import seed_everything
@@ -67,7 +67,8 @@ def train_in_memory(method: str, run_dir: Path, *overrides: str, eps: float | st
     data = load_dataset("digits", str(run_dir / "data")) if data is None else data
     ledger = PrivacyLedger(delta=float(cfg.delta), target_epsilon=parse_epsilon(cfg.eps),
                            accountant=cfg.privacy.accountant, accounting=cfg.privacy.accounting)
-    run = in_memory_run(run_dir, ledger, device, **{"secure_noise": bool(cfg.privacy.secure_noise), **run_kwargs})
+    run = in_memory_run(run_dir, ledger, device,
+                        **{"secure_noise": bool(cfg.privacy.secure_noise), **run_kwargs})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     seed_everything(seed)
