@@ -203,12 +203,14 @@ def curve_points(summary: list[dict], metric: str = PLOT_METRIC) -> list[dict]:
 
 def plot_privacy_utility(points: list[dict], path: str | Path, *,
                          ylabel: str = "g2r CNN accuracy, fixed reading", title: str = "privacy–utility",
+                         eps_ticks: list[float] | tuple[float, ...] = (),
                          metadata: dict[str, str] | None = None) -> Path:
     """A privacy–utility plot: one line per ``label``, the mean reading against the target ε on a log axis, with
     standard-error bars (a point of one draw, ``se`` None, gets a hollow marker and no bar). ε = ∞ (the eps=inf
     reference) is drawn at :data:`INF_FACTOR` × the largest finite ε, past a dashed break, ticked ``∞``, and joined
     to its line by a dotted segment: it is not a budget. ``points``: mappings with label, eps, mean, se, n (from
-    :func:`curve_points`, or scripts/docs_tables.py's docs/data/utility.yaml); ``metadata``: PNG text entries."""
+    :func:`curve_points`, or scripts/docs_tables.py's docs/data/utility.yaml); ``eps_ticks``: finite ε to mark on
+    the axis beside those of the points (a table's columns, drawn or not); ``metadata``: PNG text entries."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +218,8 @@ def plot_privacy_utility(points: list[dict], path: str | Path, *,
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, NullLocator
 
-    finite = sorted({float(p["eps"]) for p in points if math.isfinite(float(p["eps"]))})
+    finite = sorted({float(p["eps"]) for p in points if math.isfinite(float(p["eps"]))}
+                    | {float(e) for e in eps_ticks if math.isfinite(float(e))})
     x_inf = (finite[-1] if finite else 1.0) * INF_FACTOR
     series: dict[str, list[dict]] = {}
     for p in points:
