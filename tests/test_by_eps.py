@@ -85,8 +85,8 @@ def test_a_bad_table_on_the_command_line_is_one_line_before_anything_exists(caps
 
 
 def test_gpate_readme_rule_is_a_by_eps_table():
-    """G-PATE's teacher count for a null ``gpate.teachers`` (4000 for ε <= 1, else 2000, set in code from ε) is the
-    table ``{1: 4000, default: 2000}``: one rule for both."""
+    """G-PATE's teacher count for a null ``gpate.teachers`` (its README's settings at ε = 1 and 10, applied in code as
+    4000 for ε <= 1, else 2000) is the table ``{1: 4000, default: 2000}``: one rule for both."""
     from dpgen.gpate.train import resolve_hparams
 
     for eps in (0.5, 1, 1.5, 2, 5, 10):

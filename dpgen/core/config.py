@@ -6,8 +6,8 @@ structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`reg
 - ``${by_method:{dpaf: 64, default: 32}}``: the value for the active method.
 - ``${by_eps:{1: 300, 5: 600, default: 1000}}``: the value for the run's target ε (``eps``), from a table of ε
   thresholds: the entry of the smallest key ≥ ε (here 300 for ε ≤ 1, 600 for 1 < ε ≤ 5), ``default`` above every
-  key and for ``eps=inf`` (:func:`by_eps`). G-PATE's ε-dependent README settings read the same way:
-  ``{1: 4000, default: 2000}`` teachers.
+  key and for ``eps=inf`` (:func:`by_eps`). The rule by which dpgen.gpate.train.resolve_hparams applies G-PATE's
+  README settings (given at ε = 1 and 10) reads the same way: ``{1: 4000, default: 2000}`` teachers.
 - ``${folder_delta:}``: ``dataset=folder``'s default δ, the largest power of ten below 1/N
   (:func:`dpgen.data.folder.default_delta`: the folder is listed, nothing is decoded).
 - ``${eps_tag:${eps}}``: ε as a directory name (10 and 10.0 both give ``10``).
@@ -60,8 +60,9 @@ def by_eps(table, eps) -> object:
     privacy-off reference). Keys are positive numbers (``inf`` is allowed and then plays ``default``'s part, so the
     two cannot both be given); without ``default`` (or ``inf``) an ε above every key is an error, never a silent
     fallback. A threshold table and not a table of exact ε values, so that a sweep's ε between two keys (ε = 2 in
-    the table above) gets the setting of the next larger budget's key, the rule G-PATE's README states for its
-    settings (ε ≤ 1 / ε > 1). Every problem is a one-line :class:`~dpgen.errors.DpgenError`.
+    the table above) gets the setting of the next larger budget's key, as dpgen.gpate.train.resolve_hparams applies
+    G-PATE's README settings for ε = 1 and 10 (ε ≤ 1 / ε > 1). Every problem is a one-line
+    :class:`~dpgen.errors.DpgenError`.
     """
     from dpgen.privacy import parse_epsilon
 
