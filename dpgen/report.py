@@ -68,17 +68,20 @@ def collect_runs(root: str | Path) -> list[dict]:
     return rows
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+def _stats(values: list[float]) -> tuple[float | None, float | None, int, float | None]:
+    """Mean, sample standard deviation (0.0 for one value), n, and standard error (std/√n; None below two values)."""
     vals = [v for v in values if v is not None]
     if not vals:
-        return None, None
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return mean, std
+        return None, None, 0, None
+    n = len(vals)
+    mean = sum(vals) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    return mean, std, n, (std / math.sqrt(n) if n > 1 else None)
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """Mean ± sample std over seeds for each (method, dataset, ε, accounting, profile)."""
+    """For each (method, dataset, ε, accounting, profile, variant), each metric's mean, sample standard deviation
+    (``_std``), number of runs with a reading (``_n``) and standard error (``_se``, std/√n; None for one run)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         groups[tuple(r[k] for k in KEYS)].append(r)
@@ -89,7 +92,8 @@ def summarise(runs: list[dict]) -> list[dict]:
         row["epsilon"] = max((m["epsilon"] or 0.0) for m in members)
         row["valid_dp_guarantee"] = all(bool(m["valid_dp_guarantee"]) for m in members)
         for col in METRICS:
-            row[f"{col}_mean"], row[f"{col}_std"] = _mean_std([m[col] for m in members])
+            row[f"{col}_mean"], row[f"{col}_std"], row[f"{col}_n"], row[f"{col}_se"] = \
+                _stats([m[col] for m in members])
         out.append(row)
     return out
 
@@ -176,40 +180,94 @@ def write_outputs(summary: list[dict], runs: list[dict], out_dir: str | Path) ->
     return [csv_path, md_path, png_path]
 
 
-def _plot(summary: list[dict], path: Path) -> None:
+#: the reading the privacy–utility plot draws: the fixed-schedule g2r CNN accuracy (last epoch, no selection)
+PLOT_METRIC = "g2r_cnn_fixed"
+#: where ε = ∞ (the privacy-off reference) sits on the plot's log axis: this factor beyond the largest finite ε
+INF_FACTOR = 3.0
+
+
+def curve_points(summary: list[dict], metric: str = PLOT_METRIC) -> list[dict]:
+    """The points :func:`plot_privacy_utility` draws from a :func:`summarise` table: one per row with a reading,
+    labelled by method[variant]/dataset (accounting, profile); an ``eps=inf`` run joins its accounting's line."""
+    points = []
+    for r in summary:
+        mean = r.get(f"{metric}_mean")
+        if mean is None or r["target_epsilon"] is None:
+            continue
+        name = r["method"] + (f"[{r['variant']}]" if r.get("variant") else "")
+        points.append({"label": f"{name}/{r['dataset']} ({r['accounting']}, {r['profile']})",
+                       "eps": float(r["target_epsilon"]), "mean": mean, "se": r.get(f"{metric}_se"),
+                       "n": r.get(f"{metric}_n") or 1})
+    return points
+
+
+def plot_privacy_utility(points: list[dict], path: str | Path, *,
+                         ylabel: str = "g2r CNN accuracy, fixed reading", title: str = "privacy–utility",
+                         eps_ticks: list[float] | tuple[float, ...] = (),
+                         metadata: dict[str, str] | None = None) -> Path:
+    """A privacy–utility plot: one line per ``label``, the mean reading against the target ε on a log axis, with
+    standard-error bars (a point of one draw, ``se`` None, gets a hollow marker and no bar). ε = ∞ (the eps=inf
+    reference) is drawn at :data:`INF_FACTOR` × the largest finite ε, past a dashed break, ticked ``∞``, and joined
+    to its line by a dotted segment: it is not a budget. ``points``: mappings with label, eps, mean, se, n (from
+    :func:`curve_points`, or scripts/docs_tables.py's docs/data/utility.yaml); ``eps_ticks``: finite ε to mark on
+    the axis beside those of the points (a table's columns, drawn or not); ``metadata``: PNG text entries."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    series: dict[str, list[tuple]] = defaultdict(list)
-    no_privacy: dict[str, float] = {}
-    for r in summary:
-        if r["g2r_cnn_mean"] is not None and r["target_epsilon"] is not None:
-            name = r["method"] + (f"[{r['variant']}]" if r.get("variant") else "")
-            label = f"{name}/{r['dataset']} ({r['accounting']}, {r['profile']})"
-            if math.isinf(float(r["target_epsilon"])):
-                no_privacy[label] = r["g2r_cnn_mean"]
-            else:
-                series[label].append((r["target_epsilon"], r["g2r_cnn_mean"], r["g2r_cnn_std"]))
-    colours = {}
-    for label, pts in sorted(series.items()):
-        pts.sort()
-        bars = ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                           label=label)
-        colours[label] = bars.lines[0].get_color()
-    for label, acc in sorted(no_privacy.items()):  # eps=inf cannot sit on a log axis: a dotted reference line
-        ax.axhline(acc, ls=":", lw=1, color=colours.get(label, "grey"), label=f"{label} ε=∞ (no privacy)")
+    finite = sorted({float(p["eps"]) for p in points if math.isfinite(float(p["eps"]))}
+                    | {float(e) for e in eps_ticks if math.isfinite(float(e))})
+    x_inf = (finite[-1] if finite else 1.0) * INF_FACTOR
+    series: dict[str, list[dict]] = {}
+    for p in points:
+        series.setdefault(p["label"], []).append(p)
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    markers = "osD^vP*Xh<>p"
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (label, pts) in enumerate(series.items()):
+        colour, marker = cmap(i % cmap.N), markers[i % len(markers)]
+        pts = sorted(pts, key=lambda p: float(p["eps"]))
+        xs = [x_inf if math.isinf(float(p["eps"])) else float(p["eps"]) for p in pts]
+        ys = [float(p["mean"]) for p in pts]
+        fin = [k for k, p in enumerate(pts) if math.isfinite(float(p["eps"]))]
+        ax.plot([xs[k] for k in fin], [ys[k] for k in fin], "-", color=colour, lw=1.2)
+        if fin and len(fin) < len(pts):  # the privacy-off point: a dotted join, never part of the curve
+            ax.plot([xs[fin[-1]], x_inf], [ys[fin[-1]], ys[-1]], ":", color=colour, lw=1)
+        for x, y, p in zip(xs, ys, pts):
+            if p.get("se") is not None:
+                ax.errorbar([x], [y], yerr=[float(p["se"])], fmt="none", ecolor=colour, capsize=3, lw=1)
+            ax.plot([x], [y], marker=marker, ls="none", color=colour, ms=5,
+                    markerfacecolor=colour if (p.get("n") or 1) >= 2 else "white")
+        ax.plot([], [], "-", marker=marker, color=colour, label=label)  # the legend's entry
     ax.set_xscale("log")
+    ticks = finite + ([x_inf] if any(math.isinf(float(p["eps"])) for p in points) else [])
+    if len(ticks) > len(finite):
+        ax.axvline(math.sqrt((finite[-1] if finite else 1.0) * x_inf), color="grey", ls="--", lw=0.8)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{t:g}" if t in finite else "∞\n(no privacy)" for t in ticks])
+    if ticks:
+        ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
     ax.set_xlabel("target ε")
-    ax.set_ylabel("g2r CNN accuracy")
-    ax.set_title("privacy–utility")
-    if series or no_privacy:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], marker="o", ls="none", color="black", label="mean ± standard error (n ≥ 2)"),
+                Line2D([], [], marker="o", ls="none", color="black", markerfacecolor="white", label="one draw (n = 1)")]
+    if points:
+        ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(True, axis="y", lw=0.3)
+    path = Path(path)
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None, **(metadata or {})})
     plt.close(fig)
+    return path
+
+
+def _plot(summary: list[dict], path: Path) -> None:
+    plot_privacy_utility(curve_points(summary), path)
 
 
 # -- comparison with the papers ------------------------------------------------------------------

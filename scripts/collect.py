@@ -2,8 +2,9 @@
 """Summarise runs: ``python scripts/collect.py <outputs dir> [out=<dir>] [paper=<yaml>]``.
 
 Writes into ``out`` (default: the outputs dir):
-- results.csv and results.md: mean ± std over seeds per method × dataset × ε × accounting × profile × variant;
-- privacy_utility.png: g2r CNN accuracy against ε;
+- results.csv and results.md: mean ± std over seeds per method × dataset × ε × accounting × profile × variant
+  (results.csv adds each metric's n and standard error);
+- privacy_utility.png: the fixed g2r CNN reading (mean ± standard error) against ε, ε=∞ at the end of the axis;
 - results_vs_paper.csv and results_vs_paper.md: each of our numbers next to the published one of
   ``paper`` (default configs/paper_results.yaml) with the difference, `paper` and `sound` accounting apart,
   profile=quick rows marked as not comparable.

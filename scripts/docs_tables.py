@@ -5,8 +5,11 @@ Every measured figure the documentation quotes (a utility reading, a time, a mem
 probe's reading) lives in a data file under docs/data/ (docs/development.md, "Measured figures"). This script:
 
 - writes every generated block of README.md and docs/*.md, the lines between ``<!-- generated: NAME -->`` and
-  ``<!-- end generated -->``, from the data (n, mean and standard error are computed here, never stored);
-- ``--check``: writes nothing and exits 1 naming every generated block that differs from its data, every figure
+  ``<!-- end generated -->``, from the data (n, mean and standard error are computed here, never stored), and the
+  summary's privacy–utility plot, docs/img/privacy_utility.png (with dpgen.report's plotting function, stamped with
+  a hash of the data it shows);
+- ``--check``: writes nothing and exits 1 naming every generated block that differs from its data, a plot whose
+  stamp is not today's data's, every figure
   outside a generated block that no data file holds (the figure rule below), and every current utility row whose
   command no longer composes to the config it was measured with (its ``config`` hash);
 - ``--hashes``: rewrites the ``config`` hash of every current utility row. Run it only after a change that keeps
@@ -49,6 +52,9 @@ END = "<!-- end generated -->"
 
 #: a draw's readings, in the order the tables show them
 METRICS = ("g2r_cnn", "g2r_mlp", "g2r_cnn_selected", "g2r_mlp_selected", "r2g", "cnn_fid", "train_s")
+#: a draw's other fields: when and at which commit it was recorded, and the ``seed=`` it ran with when not the
+#: default 0 (a sweep's draws: seed changes the public randomness beside the secret noise)
+DRAW_FIELDS = ("date", "commit", "seed")
 #: the scripts/train.py keys that change how a run is executed, not what it computes (left out of a config hash)
 RUNTIME_KEYS = ("hydra", "data_root", "threads", "progress", "device", "resume", "log_every", "checkpoint_every",
                 "tensorboard", "samples_per_class", "debug",
@@ -289,21 +295,94 @@ def current(rows: list[Row]) -> list[Row]:
     return sorted((r for r in rows if r.get("current")), key=key)
 
 
-def block_readme_methods() -> list[str]:
-    """README: each method at its quick profile, sound ε=10, beside its published g2r."""
-    info = load("utility").get("methods") or {}
-    body = []
+# ---- the summary across ε: one row per method, one column per ε (README's table quotes two of them) -----------
+
+#: the summary's columns: the target ε of the sound rows, and ∞ (the eps=inf rows, accounting none)
+SUMMARY_EPS = (1.0, 2.0, 5.0, 10.0, math.inf)
+#: the privacy–utility plot of the summary's data, embedded in docs/results.md
+PLOT = ROOT / "docs" / "img" / "privacy_utility.png"
+#: the experiments that fill the summary (configs/experiment/), and the launcher whose workers run their jobs
+SWEEP = ("eps_sweep", "eps_sweep_feta_mode")
+LAUNCHER = ROOT / "configs" / "hydra" / "launcher" / "local.yaml"
+#: the draws the summary needs at least: three at these ε, one at every other column
+MANY_DRAWS_EPS, MANY_DRAWS = (1.0, 10.0), 3
+
+
+def method_label(method: str, variant: str | None) -> str:
+    return method + (f" ({variant})" if variant else "")
+
+
+def summary_cells() -> dict[tuple[str, str | None], dict[float, Row]]:
+    """The current rows of the summary: F-MNIST at profile=quick, the profile's own command (no ``setting``), under
+    sound accounting at a finite ε or privacy off at ε = ∞, as {(method, variant): {ε: row}} in README's order."""
+    cells: dict[tuple[str, str | None], dict[float, Row]] = {}
     for r in current(utility_rows()):
-        if r.accounting != "sound" or float(r.eps) != 10 or r.profile != "quick":
+        eps = float(r.eps)
+        if r.profile != "quick" or r.dataset != "fmnist" or r.get("setting") or eps not in SUMMARY_EPS:
             continue
-        paper = info.get(r.method, {}).get("paper", "")
-        body.append([f"`{r.method}`" + (f" ({r.variant})" if r.get("variant") else ""), paper,
-                     mean_se(r, "g2r_cnn"), mean_se(r, "g2r_mlp"), published_text(r)])
-    return table(["method", "paper", "g2r CNN, quick (n)", "g2r MLP, quick (n)", "published g2r CNN (table)"], body)
+        if r.accounting != ("sound" if math.isfinite(eps) else "none"):
+            continue
+        key = (r.method, r.get("variant"))
+        if eps in cells.setdefault(key, {}):
+            raise ValueError(f"docs/data/utility.yaml: rows {cells[key][eps].id} and {r.id} are both current for "
+                             f"{method_label(*key)} at ε={eps_text(eps)}; mark one current: false")
+        cells[key][eps] = r
+    return cells
 
 
-def block_results_summary() -> list[str]:
-    """results.md: every current row, mean ± standard error over its draws."""
+def _reading(s: Stats | None, metric: str) -> str:
+    if s is None:
+        return "–"
+    return fmt(metric, s.mean) + (f" ± {fmt(metric, s.se)}" if s.se is not None else "")
+
+
+def cnn_mlp(row: Row) -> str:
+    """``0.481 ± 0.001 / 0.476 ± 0.006 (n=3)``: the fixed CNN and MLP readings, mean ± standard error over the
+    row's draws (a single draw: the reading alone, n=1)."""
+    cnn, mlp = row.stats.get("g2r_cnn"), row.stats.get("g2r_mlp")
+    counts = [s.n for s in (cnn, mlp) if s is not None]
+    n = "–" if not counts else str(counts[0]) if len(set(counts)) == 1 else f"{cnn.n} / {mlp.n}"
+    return f"{_reading(cnn, 'g2r_cnn')} / {_reading(mlp, 'g2r_mlp')} (n={n})"
+
+
+def published_pairs(method: str, variant: str | None, eps: float, dataset: str = "fmnist") -> list[str]:
+    """The published g2r CNN / MLP figures of one setting, one per table that gives one (``–`` for a classifier
+    the table leaves out), with the citation."""
+    if math.isinf(eps):
+        return []
+    by_table: dict[str, dict] = {}
+    for metric in ("g2r_cnn", "g2r_mlp"):
+        for p in published(method, dataset, eps, variant, metric):
+            by_table.setdefault(p["citation"], {"note": p.get("note", "")})[metric] = p["value"]
+    out = []
+    for citation, v in by_table.items():
+        note = ", a different DP-GAN" if "not our dpgan" in v["note"] else (
+            ", re-run by the EFSGD authors" if "re-run" in v["note"] else "")
+        pair = " / ".join(paper_value(v[m]) if m in v else "–" for m in ("g2r_cnn", "g2r_mlp"))
+        out.append(f"{pair} ({citation}{note})")
+    return out
+
+
+def summary_cell(cells: dict[float, Row], key: tuple[str, str | None], eps: float) -> str:
+    """One cell of the summary: our readings (``–`` without a draw), then ``paper`` and the published ones."""
+    row = cells.get(eps)
+    text = cnn_mlp(row) if row is not None else "–"
+    pubs = published_pairs(key[0], key[1], eps)
+    return text + ("; paper " + "; ".join(pubs) if pubs else "")
+
+
+def block_readme_methods() -> list[str]:
+    """README: each method at its quick profile, sound ε=1 and ε=10 (docs/results.md's summary), beside the g2r
+    figures its paper publishes."""
+    info = load("utility").get("methods") or {}
+    body = [[f"`{method}`" + (f" ({variant})" if variant else ""), info.get(method, {}).get("paper", ""),
+             summary_cell(cells, (method, variant), 1.0), summary_cell(cells, (method, variant), 10.0)]
+            for (method, variant), cells in summary_cells().items()]
+    return table(["method", "paper", "ε = 1: g2r CNN / MLP (n)", "ε = 10: g2r CNN / MLP (n)"], body)
+
+
+def block_results_commands() -> list[str]:
+    """results.md: every current row (paper accounting too) with r2g, mean ± standard error over its draws."""
     body = []
     for r in current(utility_rows()):
         body.append([label(r), r.dataset, r.profile, eps_text(float(r.eps)), accounting_text(r),
@@ -311,6 +390,100 @@ def block_results_summary() -> list[str]:
                      f"`{r.command}`"])
     return table(["method", "dataset", "profile", "ε", "accounting", "g2r CNN fixed", "g2r MLP fixed", "r2g",
                   "published g2r CNN", "command"], body)
+
+
+def block_results_summary() -> list[str]:
+    """results.md: one row per method (feta's two variants apart), one column per ε, each cell the fixed g2r CNN /
+    MLP readings as mean ± standard error (n draws), the published figures beside them."""
+    body = [[method_label(*key)] + [summary_cell(cells, key, eps) for eps in SUMMARY_EPS]
+            for key, cells in summary_cells().items()]
+    return table(["method"] + [f"ε = {eps_text(e)}" + (" (no privacy)" if math.isinf(e) else "") for e in SUMMARY_EPS],
+                 body)
+
+
+def plot_points() -> list[dict]:
+    """The summary's fixed g2r CNN readings as the points of dpgen.report.plot_privacy_utility."""
+    points = []
+    for key, cells in summary_cells().items():
+        for eps, row in sorted(cells.items()):
+            s = row.stats.get("g2r_cnn")
+            if s is not None:
+                points.append({"label": method_label(*key), "eps": eps, "mean": s.mean, "se": s.se, "n": s.n})
+    return points
+
+
+def plot_stamp(points: list[dict]) -> str:
+    """What the committed plot was drawn from: a hash of its points, kept in the PNG's Description."""
+    data = json.dumps([{**p, "eps": str(p["eps"])} for p in points], sort_keys=True)
+    return f"scripts/docs_tables.py from docs/data/utility.yaml, data {hashlib.sha256(data.encode()).hexdigest()[:12]}"
+
+
+def write_plot(path: Path | None = None) -> Path:
+    """Draw the summary's plot (docs/img/privacy_utility.png) with scripts/collect.py's plotting function."""
+    from dpgen.report import plot_privacy_utility
+
+    points = plot_points()
+    path = path or PLOT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return plot_privacy_utility(points, path, title="F-MNIST, profile=quick, sound accounting",
+                                eps_ticks=SUMMARY_EPS, metadata={"Description": plot_stamp(points)})
+
+
+def stale_plot(path: Path | None = None) -> list[str]:
+    """An error unless the committed plot was drawn from today's data (the stamp in its Description)."""
+    path = path or PLOT
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    if not path.is_file():
+        return [f"{rel}: missing; run python scripts/docs_tables.py"]
+    from PIL import Image  # matplotlib's own dependency
+
+    with Image.open(path) as img:
+        stamp = getattr(img, "text", {}).get("Description")
+    if stamp != plot_stamp(plot_points()):
+        return [f"{rel}: drawn from other data than docs/data/utility.yaml holds; run python scripts/docs_tables.py"]
+    return []
+
+
+def sweep_jobs() -> list[tuple[str, tuple[str, str | None], int, int]]:
+    """(experiment, (method, variant), jobs as configured, jobs with the fewest draws) of each method of the sweep."""
+    out = []
+    for name in SWEEP:
+        doc = yaml.safe_load((ROOT / "configs" / "experiment" / f"{name}.yaml").read_text(encoding="utf-8"))
+        params = {k: str(v).split(",") for k, v in doc["hydra"]["sweeper"]["params"].items()}
+        eps = [float("inf") if e.strip().lower() in ("inf", ".inf") else float(e) for e in params["eps"]]
+        fewest = sum(MANY_DRAWS if e in MANY_DRAWS_EPS else 1 for e in eps)
+        central = params.get("feta.central", ["mean"])[0]
+        for method in params["method"]:
+            out.append((name, (method, central if method == "feta" else None), len(eps) * len(params["seed"]), fewest))
+    return out
+
+
+def block_results_sweep() -> list[str]:
+    """results.md: the summary's sweep, method by method, and how long it takes on the CPU the draws ran on: a job
+    takes the mean train s of its method's current F-MNIST quick draws (any ε and accounting: a quick profile fixes
+    its step count), and the jobs run as many at a time as the local launcher's workers, as the draws did."""
+    workers = int(yaml.safe_load(LAUNCHER.read_text(encoding="utf-8"))["hydra"]["launcher"]["n_jobs"])
+    times: dict[tuple[str, str | None], list[float]] = {}
+    for r in current(utility_rows()):
+        if r.profile == "quick" and r.dataset == "fmnist" and not r.get("setting"):
+            times.setdefault((r.method, r.get("variant")), []).extend(
+                float(d["train_s"]) for d in r.draws if d.get("train_s") is not None)
+    body, full_s, fewest_s, full_n, fewest_n = [], 0.0, 0.0, 0, 0
+    for name, key, n_full, n_fewest in sweep_jobs():
+        if not times.get(key):
+            raise ValueError(f"docs/data/utility.yaml: no current quick F-MNIST draw of {method_label(*key)} "
+                             "with train_s, to time the sweep by")
+        t = Stats(times[key])
+        full_s, fewest_s = full_s + n_full * t.mean, fewest_s + n_fewest * t.mean
+        full_n, fewest_n = full_n + n_full, fewest_n + n_fewest
+        body.append([f"`{name}`", method_label(*key), f"{t.mean:.0f} ({t.n})", str(n_full),
+                     f"{n_full * t.mean / 3600:.1f}", str(n_fewest), f"{n_fewest * t.mean / 3600:.1f}"])
+    body.append(["", "all", "", str(full_n), f"{full_s / 3600:.1f}", str(fewest_n), f"{fewest_s / 3600:.1f}"])
+    return table(["experiment", "method", "train s per job (draws)", "jobs", "jobs' h", "jobs, fewest draws",
+                  "jobs' h, fewest draws"], body) + [
+        "", f"{workers} jobs at a time: {full_s / 3600:.1f} h / {workers} = **{full_s / 3600 / workers:.1f} h** as "
+            f"configured, {fewest_s / 3600:.1f} h / {workers} = **{fewest_s / 3600 / workers:.1f} h** with the "
+            "fewest draws; training only, without `eval=full`'s time."]
 
 
 def _draw_table(rows: list[Row]) -> list[str]:
@@ -373,8 +546,10 @@ def _data_table(doc: str, name: str) -> list[str]:
 BLOCKS = {
     "readme-methods": block_readme_methods,
     "results-summary": block_results_summary,
+    "results-commands": block_results_commands,
     "results-draws": block_results_draws,
     "results-history": block_results_history,
+    "results-sweep": block_results_sweep,
     "demo-output": block_demo_output,
 }
 
@@ -693,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
         print("rewrote the config hashes of docs/data/utility.yaml's current rows")
         return 0
     if args.check:
-        errors = stale_blocks() + untraced_figures() + stale_hashes()
+        errors = stale_blocks() + stale_plot() + untraced_figures() + stale_hashes()
         for e in errors:
             print(e)
         return 1 if errors else 0
@@ -703,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         if fresh != text:
             page.write_text(fresh, encoding="utf-8")
             print(f"wrote {page.relative_to(ROOT)}")
+    if stale_plot():
+        print(f"wrote {write_plot().relative_to(ROOT)}")
     return 0
 
 

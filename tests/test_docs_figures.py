@@ -47,6 +47,79 @@ def test_current_rows_still_compose_the_config_they_were_measured_with():
     assert not errors, "\n".join(errors)
 
 
+def test_the_committed_plot_is_drawn_from_todays_data():
+    errors = dt.stale_plot()
+    assert not errors, "\n".join(errors)
+
+
+def test_the_plots_stamp_tells_other_data(tmp_path, monkeypatch):
+    png = dt.write_plot(tmp_path / "p.png")
+    assert dt.stale_plot(png) == []
+    points = dt.plot_points()
+    monkeypatch.setattr(dt, "plot_points", lambda: [{**points[0], "mean": points[0]["mean"] + 0.001}] + points[1:])
+    assert "drawn from other data" in dt.stale_plot(png)[0]
+    assert "missing" in dt.stale_plot(tmp_path / "none.png")[0]
+
+
+def _row(rid, method, eps, accounting, cnn, mlp=None, variant=None, train_s=None, **extra):
+    draws = [{"date": "2026-01-01", "commit": "x", "g2r_cnn": c, "g2r_mlp": (mlp or cnn)[i],
+              "train_s": train_s} for i, c in enumerate(cnn)]
+    return dt.Row({"id": rid, "method": method, "variant": variant, "eps": eps, "accounting": accounting,
+                   "current": True, "dataset": "fmnist", "profile": "quick", "command": f"c {rid}",
+                   "draws": draws, **extra})
+
+
+@pytest.fixture
+def tiny_data(monkeypatch):
+    rows = [_row("a10", "gswgan", 10, "sound", [0.5, 0.6, 0.7], [0.4, 0.4, 0.4], train_s=3600),
+            _row("a1", "gswgan", 1, "sound", [0.2], train_s=3600),
+            _row("a10p", "gswgan", 10, "paper", [0.9], train_s=3600),                 # not sound: not in the grid
+            _row("ainf", "gswgan", float("inf"), "none", [0.8], train_s=3600),
+            _row("aset", "gswgan", 5, "sound", [0.9], setting="x", train_s=3600),     # a setting: not the profile
+            _row("f10", "feta", 10, "sound", [0.6], variant="mode", train_s=3600)]
+    paper = [{"method": "gswgan", "dataset": "fmnist", "eps": 10, "metric": "g2r_cnn", "value": 0.65,
+              "citation": "p Table 2"},
+             {"method": "gswgan", "dataset": "fmnist", "eps": 10, "metric": "g2r_mlp", "value": 0.64,
+              "citation": "p Table 2"},
+             {"method": "gswgan", "dataset": "fmnist", "eps": 2, "metric": "g2r_cnn", "value": 0.3,
+              "citation": "q Table 1"}]
+    monkeypatch.setattr(dt, "utility_rows", lambda: rows)
+    monkeypatch.setattr(dt, "paper_rows", lambda: paper)
+    return rows
+
+
+def test_the_summary_is_one_row_per_method_and_one_column_per_eps(tiny_data):
+    header, rule, gswgan, feta = dt.block_results_summary()
+    assert header == "| method | ε = 1 | ε = 2 | ε = 5 | ε = 10 | ε = ∞ (no privacy) |"
+    assert gswgan == ("| gswgan | 0.200 / 0.200 (n=1) | –; paper 0.30 / – (q Table 1) | – | "
+                      "0.600 ± 0.058 / 0.400 ± 0.000 (n=3); paper 0.65 / 0.64 (p Table 2) | 0.800 / 0.800 (n=1) |")
+    assert feta == "| feta (mode) | – | – | – | 0.600 / 0.600 (n=1) | – |"
+    readme = dt.block_readme_methods()
+    assert readme[2].endswith("| 0.200 / 0.200 (n=1) | 0.600 ± 0.058 / 0.400 ± 0.000 (n=3); paper 0.65 / 0.64 "
+                              "(p Table 2) |")  # README quotes the summary's ε=1 and ε=10 cells
+    assert [(p["label"], p["eps"], p["n"]) for p in dt.plot_points()] == [
+        ("gswgan", 1.0, 1), ("gswgan", 10.0, 3), ("gswgan", float("inf"), 1), ("feta (mode)", 10.0, 1)]
+    tiny_data.append(_row("b10", "gswgan", 10, "sound", [0.5]))
+    with pytest.raises(ValueError, match="rows a10 and b10 are both current for gswgan at ε=10"):
+        dt.block_results_summary()
+
+
+def test_the_sweeps_time_is_its_jobs_times_their_methods_mean_train_s(tiny_data, monkeypatch):
+    assert {(name, key): (n, fewest) for name, key, n, fewest in dt.sweep_jobs()}[("eps_sweep", ("feta", "mean"))] \
+        == (15, 9)  # 5 eps x 3 seeds; three draws at eps 1 and 10, one at 2, 5 and inf
+    with pytest.raises(ValueError, match="no current quick F-MNIST draw of dpgan"):
+        dt.block_results_sweep()
+    for method in ("dpgan", "dpac", "efsgd", "gpate", "dpaf", "dpdm"):
+        tiny_data.append(_row(method, method, 10, "sound", [0.5], train_s=1800))
+    tiny_data.append(_row("fm", "feta", 10, "sound", [0.5], variant="mean", train_s=5400))
+    out = dt.block_results_sweep()
+    assert "| `eps_sweep` | gswgan | 3600 (6) | 15 | 15.0 | 9 | 9.0 |" in out
+    assert "| `eps_sweep` | dpgan | 1800 (1) | 15 | 7.5 | 9 | 4.5 |" in out
+    # 2 x 1 h + 6 x 0.5 h + 1.5 h = 6.5 h per cell: 15 cells 97.5 h, 9 cells 58.5 h, two jobs at a time
+    assert "|  | all |  | 135 | 97.5 | 81 | 58.5 |" in out
+    assert out[-1].startswith("2 jobs at a time: 97.5 h / 2 = **48.8 h** as configured, 58.5 h / 2 = **29.2 h**")
+
+
 def test_utility_rows_are_well_formed_and_their_commands_compose():
     """Each row's command is printed in docs/results.md's generated tables (checked against the data above), where
     tests/test_docs.py composes it with Hydra and checks it against the schema: composing it here again would
@@ -66,7 +139,7 @@ def test_utility_rows_are_well_formed_and_their_commands_compose():
         for d in r.draws:
             if not d.get("date") or not d.get("commit"):
                 errors.append(f"{where}: a draw without date and commit")
-            unknown = set(d) - set(dt.METRICS) - {"date", "commit"}
+            unknown = set(d) - set(dt.METRICS) - set(dt.DRAW_FIELDS)
             if unknown:
                 errors.append(f"{where}: unknown fields {sorted(unknown)}")
         if r.get("current") and not r.get("config"):

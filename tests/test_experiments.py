@@ -19,8 +19,8 @@ from dpgen.core.pipeline import validate
 
 EXPERIMENTS = available("experiment")
 # The tables the reproduction suite promises; a renamed or deleted file must fail here, not in a user's sweep.
-REQUIRED = {"quick_all", "quick_all_feta_mode", "gpate_table1c", "dpac_table2", "efsgd_table2", "dpaf_table2",
-            "feta_table2"}
+REQUIRED = {"quick_all", "quick_all_feta_mode", "eps_sweep", "eps_sweep_feta_mode", "gpate_table1c", "dpac_table2",
+            "efsgd_table2", "dpaf_table2", "feta_table2"}
 
 
 def sweep_params(experiment: str) -> dict[str, str]:
@@ -81,9 +81,9 @@ def test_every_sweep_combination_composes(experiment):
     assert {(m, d, e) for m, d, e, _ in seen} == expected  # every swept value reached the composed config
 
 
-def test_paper_tables_use_the_paper_profile_and_quick_all_the_quick_one():
+def test_paper_tables_use_the_paper_profile_and_quick_all_and_eps_sweep_the_quick_one():
     for name in EXPERIMENTS:
-        expected = "quick" if name.startswith("quick_all") else "paper"
+        expected = "quick" if name.startswith(("quick_all", "eps_sweep")) else "paper"
         assert sweep_params(name)["profile"] == expected, name
 
 
@@ -98,8 +98,26 @@ def test_quick_all_covers_every_method_on_fmnist_with_two_single_thread_workers(
     assert cfg.hydra.launcher.n_jobs == 2 and "joblib" in cfg.hydra.launcher._target_.lower()
 
 
+def test_eps_sweep_covers_every_method_at_five_eps_with_three_draws_and_the_full_evaluation():
+    """docs/results.md's summary columns (eps 1, 2, 5, 10, inf), three seeds each, eval=full as the data's rows."""
+    params = sweep_params("eps_sweep")
+    assert set(params["method"].split(",")) == set(sweep_params("quick_all")["method"].split(","))
+    assert params["dataset"] == "fmnist" and params["profile"] == "quick"
+    assert axes(params)["eps"] == ["1", "2", "5", "10", "inf"] and axes(params)["seed"] == ["0", "1", "2"]
+    twin = sweep_params("eps_sweep_feta_mode")
+    assert {k: twin[k] for k in ("dataset", "eps", "seed", "profile")} == \
+        {k: params[k] for k in ("dataset", "eps", "seed", "profile")}
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for name in ("eps_sweep", "eps_sweep_feta_mode"):
+            cfg = compose("train", overrides=[f"+experiment={name}"], return_hydra_config=True)
+            full = compose("train", overrides=["eval=full"])
+            assert cfg.eval == full.eval and cfg.threads == 1 and cfg.hydra.launcher.n_jobs == 2
+
+
 def test_feta_mode_experiments_reach_feta_only():
-    for name, mean_twin in (("quick_all_feta_mode", "quick_all"), ("feta_table2_mode", "feta_table2")):
+    for name, mean_twin in (("quick_all_feta_mode", "quick_all"), ("feta_table2_mode", "feta_table2"),
+                            ("eps_sweep_feta_mode", "eps_sweep")):
         params = sweep_params(name)
         assert params["method"] == "feta" and params["feta.central"] == "mode"
         assert "feta.central" not in sweep_params(mean_twin)  # dpdm must keep central: none

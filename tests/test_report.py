@@ -179,3 +179,41 @@ def test_both_g2r_readings_are_collected_and_a_large_selection_gap_is_flagged(ru
     assert by_profile[("paper", "paper", "dpgan")]["g2r_cnn_fixed_mean"] is None  # a run without the reading
     md = Path(write_outputs(summary, collect_runs(runs), tmp_path / "out")[1]).read_text()
     assert "| selection gap |" in md and "cnn +0.200" in md and "0.620 ± 0.028 (fixed 0.600)" in md
+
+
+def test_summarise_reports_n_and_standard_error_beside_mean_and_std():
+    runs = [{"method": "dpgan", "dataset": "fmnist", "target_epsilon": 10.0, "accounting": "sound",
+             "profile": "quick", "variant": None, "epsilon": 9.9, "valid_dp_guarantee": True,
+             **{c: None for c in ("g2r_cnn", "g2r_mlp", "g2r_mlp_fixed", "r2g", "cnn_fid", "fid", "is",
+                                  "train_seconds")}, "g2r_cnn_fixed": v} for v in (0.5, 0.6, 0.7)]
+    runs[2]["r2g"] = 0.4
+    (row,) = summarise(runs)
+    assert row["g2r_cnn_fixed_mean"] == pytest.approx(0.6) and row["g2r_cnn_fixed_std"] == pytest.approx(0.1)
+    assert row["g2r_cnn_fixed_n"] == 3 and row["g2r_cnn_fixed_se"] == pytest.approx(0.1 / 3 ** 0.5)
+    assert (row["r2g_n"], row["r2g_std"], row["r2g_se"]) == (1, 0.0, None)  # one reading: no standard error
+    assert (row["g2r_cnn_n"], row["g2r_cnn_mean"], row["g2r_cnn_se"]) == (0, None, None)
+
+
+def test_the_plot_draws_the_fixed_reading_with_standard_error_bars(tmp_path):
+    from dpgen.report import curve_points, plot_privacy_utility
+
+    base = {"method": "dpgan", "dataset": "fmnist", "accounting": "sound", "profile": "quick", "variant": None,
+            "g2r_cnn_mean": 0.9}  # the selected reading: not the one the plot draws
+    summary = [{**base, "target_epsilon": 1.0, "g2r_cnn_fixed_mean": 0.4, "g2r_cnn_fixed_se": 0.02,
+                "g2r_cnn_fixed_n": 3},
+               {**base, "target_epsilon": 10.0, "g2r_cnn_fixed_mean": 0.5, "g2r_cnn_fixed_se": None,
+                "g2r_cnn_fixed_n": 1},
+               {**base, "target_epsilon": float("inf"), "g2r_cnn_fixed_mean": 0.6, "g2r_cnn_fixed_se": None,
+                "g2r_cnn_fixed_n": 1},
+               {**base, "variant": "mode", "target_epsilon": 10.0, "g2r_cnn_fixed_mean": None}]  # no reading
+    points = curve_points(summary)
+    assert [(p["eps"], p["mean"], p["se"], p["n"]) for p in points] == [
+        (1.0, 0.4, 0.02, 3), (10.0, 0.5, None, 1), (float("inf"), 0.6, None, 1)]
+    assert {p["label"] for p in points} == {"dpgan/fmnist (sound, quick)"}  # ε = ∞ joins its line
+    out = plot_privacy_utility(points, tmp_path / "p.png", metadata={"Description": "tiny"})
+    from PIL import Image
+
+    with Image.open(out) as img:
+        assert img.format == "PNG" and img.size[0] > 300 and img.text.get("Description") == "tiny"
+    plot_privacy_utility([], tmp_path / "empty.png")  # nothing to draw is still a figure, not an error
+    assert (tmp_path / "empty.png").stat().st_size > 0

@@ -4,6 +4,10 @@ structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`reg
 - ``${by_profile:PAPER,QUICK}``: the value for the active ``profile``.
 - ``${by_dataset:{mnist: 1000, celeba32: 2543, default: 1000}}``: the value for the active dataset.
 - ``${by_method:{dpaf: 64, default: 32}}``: the value for the active method.
+- ``${by_eps:{1: 300, 5: 600, default: 1000}}``: the value for the run's target ε (``eps``), from a table of ε
+  thresholds: the entry of the smallest key ≥ ε (here 300 for ε ≤ 1, 600 for 1 < ε ≤ 5), ``default`` above every
+  key and for ``eps=inf`` (:func:`by_eps`). The rule by which dpgen.gpate.train.resolve_hparams applies G-PATE's
+  README settings (given at ε = 1 and 10) reads the same way: ``{1: 4000, default: 2000}`` teachers.
 - ``${folder_delta:}``: ``dataset=folder``'s default δ, the largest power of ten below 1/N
   (:func:`dpgen.data.folder.default_delta`: the folder is listed, nothing is decoded).
 - ``${eps_tag:${eps}}``: ε as a directory name (10 and 10.0 both give ``10``).
@@ -14,6 +18,7 @@ structured-config schema ``train_schema`` (:mod:`dpgen.core.schema`); :func:`reg
 """
 from __future__ import annotations
 
+import math
 import time
 
 from omegaconf import OmegaConf
@@ -45,6 +50,53 @@ def _by_dataset(table, *, _root_):
 
 def _by_method(table, *, _root_):
     return _lookup(table, _root_.method.name, "method", "dataset")
+
+
+def by_eps(table, eps) -> object:
+    """The value of an ε-threshold ``table`` for the target ``eps`` (a number, ``inf``, or their strings).
+
+    The table maps upper bounds on ε to values: the entry of the smallest key ≥ ε applies, so ``{1: a, 5: b,
+    default: c}`` gives ``a`` for ε ≤ 1, ``b`` for 1 < ε ≤ 5, and ``c`` for ε > 5 and for ``eps=inf`` (the
+    privacy-off reference). Keys are positive numbers (``inf`` is allowed and then plays ``default``'s part, so the
+    two cannot both be given); without ``default`` (or ``inf``) an ε above every key is an error, never a silent
+    fallback. A threshold table and not a table of exact ε values, so that a sweep's ε between two keys (ε = 2 in
+    the table above) gets the setting of the next larger budget's key, as dpgen.gpate.train.resolve_hparams applies
+    G-PATE's README settings for ε = 1 and 10 (ε ≤ 1 / ε > 1). Every problem is a one-line
+    :class:`~dpgen.errors.DpgenError`.
+    """
+    from dpgen.privacy import parse_epsilon
+
+    target = parse_epsilon(eps)
+    if not hasattr(table, "items") or not len(table):
+        raise DpgenError(f"by_eps takes a table of epsilon thresholds such as {{1: 300, default: 1000}}, got {table!r}")
+    shown = dict(table.items())
+    bounds: list[tuple[float, object]] = []
+    fallback, has_default = None, False
+    for key, value in shown.items():
+        if str(key) == "default":
+            fallback, has_default = value, True
+            continue
+        try:
+            bound = parse_epsilon(key, key="a by_eps key")
+        except DpgenError:
+            raise DpgenError(f"by_eps keys are epsilon thresholds (positive numbers or inf) or default, got {key!r} "
+                             f"in {shown}") from None
+        if any(b == bound for b, _ in bounds):
+            raise DpgenError(f"by_eps has epsilon threshold {bound:g} twice in {shown}")
+        bounds.append((bound, value))
+    if has_default and any(math.isinf(b) for b, _ in bounds):
+        raise DpgenError(f"by_eps has both inf and default in {shown}: they mean the same entry; keep one")
+    for bound, value in sorted(bounds, key=lambda bv: bv[0]):
+        if target <= bound:
+            return _box(value)
+    if has_default:
+        return _box(fallback)
+    raise DpgenError(f"no value for eps={target:g} in by_eps table {shown}: its largest key is "
+                     f"{max(b for b, _ in bounds):g}; add a default (or a key >= {target:g})")
+
+
+def _by_eps(table, *, _root_):
+    return by_eps(table, _root_.eps)
 
 
 def _folder_delta(*, _root_):
@@ -96,6 +148,7 @@ def register_configs() -> None:
         "by_profile": _by_profile,
         "by_dataset": _by_dataset,
         "by_method": _by_method,
+        "by_eps": _by_eps,
         "folder_delta": _folder_delta,
         "eps_tag": _eps_tag,
         "run_dir": lambda resume, default: default if resume in (None, "", "null", "auto") else str(resume),
