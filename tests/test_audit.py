@@ -150,9 +150,9 @@ def digits_subset(root: Path, n: int = 300):
                         tabular=data.tabular)
 
 
-def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300) -> dict:
+def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300, read: bool = True) -> dict | None:
     """One tiny audit run through the pipeline (what scripts/audit.py runs) on the first ``records`` digits; its
-    audit.json."""
+    audit.json (``read=False``: None, for a caller that writes the report itself)."""
     from dpgen.core.pipeline import run_training
 
     threads = torch.get_num_threads()
@@ -161,7 +161,7 @@ def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300) 
                      data=digits_subset(run_dir.parent / "data", records), evaluate=False)
     finally:
         torch.set_num_threads(threads)
-    return json.loads((run_dir / "audit.json").read_text())
+    return json.loads((run_dir / "audit.json").read_text()) if read else None
 
 
 #: the tiny audits that must catch a mechanism with half its noise (one method per mechanism family), with what
@@ -222,14 +222,6 @@ def test_a_mechanism_with_half_its_noise_is_flagged(variant, tmp_path, monkeypat
     assert report["finding"] and report["epsilon_lower_bound"] > report["claimed"]["epsilon"], report
 
 
-@pytest.mark.parametrize("method", AUDITED)
-def test_audit_has_power_without_noise(method, tmp_path):
-    """eps=inf (noise multiplier 0, clipping kept): the canaries are plain to see, ε_lb ≥ 3."""
-    report = audit(method, tmp_path / "run", "inf")
-    assert math.isinf(report["claimed"]["epsilon"]) and not report["finding"]
-    assert report["epsilon_lower_bound"] >= 3.0, report
-
-
 def test_coins_reach_coins_npy_and_no_released_file(tmp_path):
     """The coins (as bytes, bits, 0/1 text or the list of included canaries) appear in audit/coins.npy only; the
     released files and the log name no canary."""
@@ -257,21 +249,27 @@ def test_coins_reach_coins_npy_and_no_released_file(tmp_path):
 
 
 @pytest.mark.parametrize("method", AUDITED)
-def test_audit_keeps_the_device_discipline(method, tmp_path, monkeypatch):
-    """The canaries' factories name their device, their draws come from the run's streams, and they add at most one
-    host sync per step to the method's budget (their Poisson samples are drawn 64 steps per sync). The bounds,
-    computed on the host after the run, are left out."""
+def test_audit_without_noise_has_power_and_keeps_the_device_discipline(method, tmp_path, monkeypatch):
+    """eps=inf (noise multiplier 0, clipping kept): the canaries are plain to see, ε_lb ≥ 3. One run checks the
+    device discipline too: the canaries' factories name their device, their draws come from the run's streams, and
+    they add at most one host sync per step to the method's budget (their Poisson samples are drawn 64 steps per
+    sync). The bounds are computed on the host after the run, outside the watch."""
     import dpgen.audit.report
     from discipline import Report, watch
     from test_device_discipline import SYNC_BUDGET
 
-    monkeypatch.setattr(dpgen.audit.report, "write_report",
-                        lambda canaries, cfg, ledger, n, run_dir: (Path(run_dir) / "audit.json").write_text("{}"))
+    write_report, held = dpgen.audit.report.write_report, []
+    monkeypatch.setattr(dpgen.audit.report, "write_report", lambda *args: held.append(args))
     report = Report(method)
     with watch(report):
-        audit(method, tmp_path / "run", "inf", "log_every=1000000", "checkpoint_every=1000000")
+        audit_json = audit(method, tmp_path / "run", "inf", "log_every=1000000", "checkpoint_every=1000000",
+                           read=False)
     assert report.steps, "no training step observed"
     assert not report.problems(SYNC_BUDGET[method] + 1), report.table()
+    assert audit_json is None and len(held) == 1
+    power = write_report(*held[0])
+    assert math.isinf(power["claimed"]["epsilon"]) and not power["finding"]
+    assert power["epsilon_lower_bound"] >= 3.0, power
 
 
 # ---- runs without an audit -------------------------------------------------------------------------------

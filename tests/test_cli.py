@@ -158,6 +158,7 @@ def test_resume_gives_the_same_epsilon_as_an_uninterrupted_run(trained_run, tmp_
     assert (run_dir / ".hydra" / "config.yaml").is_file() and list((run_dir / ".hydra").glob("resume-*"))
 
 
+@pytest.mark.slow  # resume_dir("auto"): tests/test_clusters.py; resuming through train.py: the test above
 def test_resume_auto_starts_then_continues_in_the_jobs_own_directory(trained_run, tmp_path):
     """resume=auto (the SLURM launcher's default): a first attempt starts fresh; a requeued attempt of the same
     command finds its own checkpoint and continues to the uninterrupted run's ledger, keeping the first config."""

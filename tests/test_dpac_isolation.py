@@ -130,7 +130,15 @@ def _without(data: ImageDataset, i: int) -> ImageDataset:
                         data.classes)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: refresh_chunk > 0, a research option no profile sets: slow (its mutant in tests/privacy_mutants.py still runs it)
+RESEARCH = ("gswgan_refresh", "efsgd_refresh")
+
+
+def _cases(names) -> list:
+    return [pytest.param(c, marks=pytest.mark.slow) if c in RESEARCH else c for c in names]
+
+
+@pytest.mark.parametrize("case", _cases(CASES))
 def test_one_record_changes_only_its_own_partitions_states(case, tmp_path, monkeypatch):
     method, accounting, extra = CASES[case]
     overrides = _overrides(method, extra)
@@ -171,7 +179,7 @@ def test_one_record_changes_only_its_own_partitions_states(case, tmp_path, monke
     assert not torch.equal(final_a["disc"]["params"]["c1.w"][last], final_c["disc"]["params"]["c1.w"][last])
 
 
-@pytest.mark.parametrize("case", ["gswgan", "dpac", "efsgd", "gswgan_refresh", "gswgan_uniform"])
+@pytest.mark.parametrize("case", _cases(["gswgan", "dpac", "efsgd", "gswgan_refresh", "gswgan_uniform"]))
 def test_sampling_one_more_partition_changes_only_that_partitions_states(case, tmp_path, monkeypatch):
     """Same data, same secret draws; the last iteration's sample gains one partition (or, for the paper's uniform
     draw, that partition is drawn INSTEAD of the one drawn): with Poisson sampling every other partition's state

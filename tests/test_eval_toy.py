@@ -22,8 +22,9 @@ from dpgen.eval.cnn_fid import cnn_fid
 from dpgen.eval.config import resolve_config
 from dpgen.eval.g2r import g2r_accuracy, real_classifier
 
-# Small batches give enough Adam steps on 1.3k images; 8 epochs keep the module near 30 s on 2 cores.
-TOY_CFG = dict(classifiers=["cnn"], epochs=8, batch_size=32, patience=4, fid=False, inception_score=False)
+# Small batches give enough Adam steps on 1.3k images. 5 epochs: real and g2r accuracy 0.906 / 0.903 (8 epochs took
+# twice the time for no test's sake; 4 epochs read 0.889 / 0.881, too near the 0.85 the test asks for).
+TOY_CFG = dict(classifiers=["cnn"], epochs=5, batch_size=32, patience=3, fid=False, inception_score=False)
 
 
 def _digits28() -> ImageDataset:

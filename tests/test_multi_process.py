@@ -116,6 +116,7 @@ class TestDpdmRuns:
         for k in a:
             assert torch.equal(a[k], b[k]), k
 
+    @pytest.mark.slow  # SLURM's variables to a torchrun world: tests/test_submitit_tasks.py (job_env), in seconds
     def test_srun_tasks_join_like_torchrun_ranks(self, runs):
         """``srun -n 2 python scripts/train.py ...`` (SLURM's variables, no torchrun): the two tasks form one run that
         releases the 2-process torchrun run's generator (same split, same order of sums)."""
@@ -280,6 +281,7 @@ class TestGpateRuns:
         assert all(torch.equal(ca["params"][k], cb["params"][k]) for k in ca["params"]), "rank 0 gathered all teachers"
         assert "teachers sharded over 2 processes" in (gpate_runs / "two" / "train.log").read_text()
 
+    @pytest.mark.slow  # a 2-process resume: TestDpdmRuns; gpate's own resume: tests/test_gpate_train.py
     def test_a_two_process_gpate_checkpoint_resumes_bit_exactly(self, gpate_runs):
         cut = gpate_runs / "cut"
         first = _train(gpate_runs, cut, "debug.stop_after=2", procs=2, base=TINY_GPATE)
