@@ -141,17 +141,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _world_of_one(fn, out, monkeypatch) -> None:
+def _init_gloo(rank: int, world: int, out) -> None:
+    """Join a gloo world whose ranks meet in a file under ``out`` (one per world size): no TCP port to pick, so no
+    other test's process can take it between the pick and the rendezvous (a rank then aborted in make test)."""
+    import torch.distributed as td
+
+    td.init_process_group("gloo", init_method=(out / f"gloo-world{world}.store").as_uri(), rank=rank,
+                          world_size=world)
+
+
+def _world_of_one(fn, out) -> None:
     """``fn`` as the only rank of a 1-process gloo world, in this process: the reference a spawned 2-process world
-    must equal, without the seconds a spawned interpreter spends importing torch (``fn`` sets MASTER_ADDR/PORT;
-    monkeypatch restores them). Run under ``one_torch_thread``, like the spawned ranks."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "0")
+    must equal, without the seconds a spawned interpreter spends importing torch. Run under ``one_torch_thread``,
+    like the spawned ranks."""
     with torch.random.fork_rng(devices=[]):  # fn seeds the global generator: this process's stays as it was
-        fn(0, 1, _free_port(), out)
+        fn(0, 1, out)
 
 
-def _noise_once(rank: int, world: int, port: int, out) -> None:
+def _noise_once(rank: int, world: int, out) -> None:
     """One DP-SGD noise step of feta on a zero-gradient toy, on ``rank`` of ``world`` gloo processes."""
     import torch.distributed as td
 
@@ -160,8 +167,7 @@ def _noise_once(rank: int, world: int, port: int, out) -> None:
     from dpgen.feta.dpsgd import set_noisy_grads
     from dpgen.privacy import PrivacyLedger
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    td.init_process_group("gloo", rank=rank, world_size=world)
+    _init_gloo(rank, world, out)
     try:
         dist = Dist(rank=rank, world=world)
         run = Run(out / f"r{rank}", PrivacyLedger(delta=1e-5), torch.device("cpu"), 0, {}, tensorboard=False,
@@ -176,7 +182,7 @@ def _noise_once(rank: int, world: int, port: int, out) -> None:
 
 
 def test_the_noise_is_added_once(tmp_path):
-    mp.spawn(_noise_once, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    mp.spawn(_noise_once, args=(2, tmp_path), nprocs=2, join=True)
     g0, g1 = torch.load(tmp_path / "grad0.pt"), torch.load(tmp_path / "grad1.pt")
     assert torch.equal(g0, g1), "every rank adds the same draw (a secret stream shared over the process group)"
     assert float((g0 * 30.0).std()) == pytest.approx(2.0 * 1.5, rel=0.03)  # σC, not √2·σC
@@ -212,7 +218,7 @@ TINY_GPATE = ["method=gpate", "dataset=digits", "eps=10", "gpate.teachers=5", "g
               "gpate.dfc_dim=8", "gpate.chunk=2", *TINY_DPDM[TINY_DPDM.index("privacy.noise_seed=3"):]]
 
 
-def _sharded_votes(rank: int, world: int, port: int, out) -> None:
+def _sharded_votes(rank: int, world: int, out) -> None:
     """A 5-teacher ensemble on ``rank`` of ``world`` gloo processes: one training step, its votes, its state."""
     import torch.distributed as td
 
@@ -221,9 +227,8 @@ def _sharded_votes(rank: int, world: int, port: int, out) -> None:
     from dpgen.gpate.ensemble import TeacherEnsemble
     from dpgen.gpate.nets import TeacherCNN
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # as the in-process world of one (``one_torch_thread``): the same kernels, bit for bit
-    td.init_process_group("gloo", rank=rank, world_size=world)
+    _init_gloo(rank, world, out)
     try:
         torch.manual_seed(0)
         n, m = 5, 4
@@ -243,11 +248,11 @@ def _sharded_votes(rank: int, world: int, port: int, out) -> None:
         td.destroy_process_group()
 
 
-def test_sharded_gpate_votes_and_teachers_equal_the_single_process_ones(tmp_path, monkeypatch, one_torch_thread):
+def test_sharded_gpate_votes_and_teachers_equal_the_single_process_ones(tmp_path, one_torch_thread):
     """5 teachers over 2 ranks (2 + 3): after a training step the gathered teachers and the all-reduced vote
     histogram equal one process's bit for bit (teacher i's init, batch and chunk do not depend on the split)."""
-    _world_of_one(_sharded_votes, tmp_path, monkeypatch)
-    mp.spawn(_sharded_votes, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    _world_of_one(_sharded_votes, tmp_path)
+    mp.spawn(_sharded_votes, args=(2, tmp_path), nprocs=2, join=True)
     one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
     assert two["members"] == [0, 1] and one["members"] == [0, 1, 2, 3, 4]  # rank 0's shard; rank 1 holds 2-4
     assert torch.equal(one["hist"], two["hist"]) and int(one["hist"].sum()) == 5 * 4 * 3  # one vote per teacher
@@ -293,7 +298,7 @@ class TestGpateRuns:
 
 
 # ---- gswgan/dpac/efsgd: the discriminator pre-training sharded over the ranks ------------------------------------
-def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
+def _sharded_pretrain(rank: int, world: int, out) -> None:
     """7 (D, warm-up G) pairs in chunks of 2 (4 chunks: 2 per rank), pre-trained on ``world`` gloo processes."""
     from functools import partial
 
@@ -307,9 +312,8 @@ def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
     from dpgen.nets.spectral import sn_init
     from dpgen.privacy.randomness import secret_generator
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # as the in-process world of one (``one_torch_thread``): the same kernels, bit for bit
-    td.init_process_group("gloo", rank=rank, world_size=world)
+    _init_gloo(rank, world, out)
     try:
         k, shape = 7, [1, 8, 8]
         data = torch.Generator().manual_seed(0)
@@ -326,11 +330,11 @@ def _sharded_pretrain(rank: int, world: int, port: int, out) -> None:
         td.destroy_process_group()
 
 
-def test_sharded_pretraining_equals_the_single_process_one(tmp_path, monkeypatch, one_torch_thread):
+def test_sharded_pretraining_equals_the_single_process_one(tmp_path, one_torch_thread):
     """Each rank pre-trains its block of chunks (a chunk's streams depend on its index only), then the ranks
     exchange their blocks: every rank holds the ensemble one process pre-trains, bit for bit."""
-    _world_of_one(_sharded_pretrain, tmp_path, monkeypatch)
-    mp.spawn(_sharded_pretrain, args=(2, _free_port(), tmp_path), nprocs=2, join=True)
+    _world_of_one(_sharded_pretrain, tmp_path)
+    mp.spawn(_sharded_pretrain, args=(2, tmp_path), nprocs=2, join=True)
     one = torch.load(tmp_path / "pre1_r0.pt")
     for rank in (0, 1):
         two = torch.load(tmp_path / f"pre2_r{rank}.pt")
