@@ -99,7 +99,7 @@ def test_coins_are_fair_and_secret():
 #: tiny audits on the first 300 digits: batches of half the data and enough steps that an included canary is
 #: sampled (q·T ≥ 6), so the audit has power; each run takes seconds
 _GSWGAN_AUDIT = ["iters=24", "num_discriminators=4", "partitions_per_iter=1", "pretrain_iters=2", "pretrain_chunk=4",
-                 "critic_iters=1", "batch_size=64", "g_width=8", "d_width=4"]
+                 "critic_iters=1", "batch_size=16", "g_width=8", "d_width=4"]
 _ENSEMBLE_AUDIT = _GSWGAN_AUDIT + ["classifier.start=2", "classifier.n_fake=1", "classifier.n_real=1",
                                    "classifier.fake_batch=10"]
 _ENSEMBLE_CANARIES = ["audit.canaries=256", "audit.guesses=64"]
@@ -114,13 +114,15 @@ AUDIT_TINY: dict[str, list[str]] = {
               "gpate.teacher_warmup=1", "gpate.gf_dim=4", "gpate.gfc_dim=16", "gpate.df_dim=4", "gpate.dfc_dim=8"],
     "dpaf": ["dpaf.width=4", "dpaf.fc_hidden=8", "dpaf.g_width=8", "dpaf.batch_size=16", "dpaf.c_batch_size=150",
              "dpaf.c_epochs=1", "dpaf.d_epochs=4", "audit.canaries=1000", "audit.guesses=100"],  # 10,000: 3x slower
-    # the GS-WGAN family: K=4 partitions drawn T=24 times (each ~6 times), B=64 rows, so m=256 = K*B canaries
-    # (one per partition and row) and 64 + 64 guesses: eps_lb ~3.4 when all are right, with the 5 % split among
-    # efsgd's four tests
+    # the GS-WGAN family: K=4 partitions drawn T=24 times (each ~6 times), B=16 rows, m=256 canaries of b = 4B = 64
+    # rows each (K·⌊256·B / b⌋ = 256) and 64 + 64 guesses: eps_lb ~3.4 when all are right, with the 5 % split
+    # among efsgd's four tests. efsgd's canaries take b = 16B rows (2(C1 + C2) = 4·C1 per row), so 256 of them
+    # need K=16 partitions (4 drawn per iteration: each still ~6 times)
     "gswgan": [f"gswgan.{o}" for o in _GSWGAN_AUDIT] + _ENSEMBLE_CANARIES,
     "dpac": [f"dpac.{o}" for o in _ENSEMBLE_AUDIT] + ["dpac.sanitize=per_path"] + _ENSEMBLE_CANARIES,
-    "efsgd": [f"efsgd.{o}" for o in _ENSEMBLE_AUDIT] + ["efsgd.encoder.width=4", "efsgd.encoder.steps=1"]
-    + _ENSEMBLE_CANARIES,
+    "efsgd": [f"efsgd.{o}" for o in _ENSEMBLE_AUDIT] + ["efsgd.encoder.width=4", "efsgd.encoder.steps=1",
+                                                       "efsgd.num_discriminators=16", "efsgd.partitions_per_iter=4",
+                                                       "efsgd.pretrain_chunk=16", "efsgd.batch_size=8"] + _ENSEMBLE_CANARIES,
 }
 AUDITED = tuple(AUDIT_TINY)
 
@@ -166,8 +168,8 @@ def audit(method: str, run_dir: Path, eps, *overrides: str, records: int = 300, 
 
 #: the tiny audits that must catch a mechanism with half its noise (one method per mechanism family), with what
 #: they change in AUDIT_TINY, how many digits they train on, and the noise they halve (``gaussian_noise``'s
-#: ``mechanism``). The GS-WGAN family needs more partitions and fewer rows per member (a canary's strength is
-#: 2 / (2·√B) of a record's; B = 4: 1/2) and more records for them; DPAF's DPAGG needs the budget split in its
+#: ``mechanism``). The GS-WGAN family needs more partitions (each canary is drawn with its partition only: 4
+#: partitions drawn ~6 times each cannot show ε > 2) and more records for them; DPAF's DPAGG needs the budget split in its
 #: favour (quick: ε 0.1 of the run's).
 HALF_NOISE: dict[str, tuple[str, tuple[str, ...], int, str]] = {
     "dpgan": ("dpgan", (), 300, "DP-SGD noise"),
@@ -321,7 +323,7 @@ def test_gnmax_reserved_bins_take_no_part_in_the_answer():
 
 
 def test_default_canaries_and_guesses_per_family():
-    """audit.canaries=null: 10,000, or K·B for the GS-WGAN family; audit.guesses=null: 2 % of m on each side, at
+    """audit.canaries=null: 10,000, or K·⌊64·B / b⌋ for the GS-WGAN family (b rows per canary); audit.guesses=null: 2 % of m on each side, at
     least min(100, m/10)."""
     from hydra import compose, initialize_config_dir
 
@@ -336,7 +338,7 @@ def test_default_canaries_and_guesses_per_family():
                  for m in ("dpgan", "gpate", "gswgan", "efsgd")}
         set_apart = audit_sizes(compose("audit", overrides=["method=dpgan", "audit.canaries=500", "audit.guesses_in=7"]))
     assert sizes == {"dpgan": (10000, 200, 200), "gpate": (10000, 200, 200), "gswgan": (3200, 100, 100),
-                     "efsgd": (3200, 100, 100)}
+                     "efsgd": (800, 80, 80)}  # K·⌊64·B / b⌋: b = 4B, efsgd 16B (C1 = C2)
     assert set_apart == (500, 7, 50)
 
 
@@ -385,7 +387,7 @@ def test_an_audit_run_is_not_resumed_by_train(capsys, tmp_path, monkeypatch):
     (["audit.canaries=abc"], "audit.canaries"),
     (["audit.typo=3"], "unknown key audit.typo"),
     (["method=gswgan", "audit.canaries=13000"], "audit.canaries=13000 is invalid; expected at most "
-                                                 "4 * gswgan.num_discriminators * gswgan.batch_size = 12800"),
+                                                 "gswgan.num_discriminators * (256 * gswgan.batch_size // 64) = 12800"),
     (["delta=5e-4"], "1/(N + canaries)"),
     (["eps=0"], "eps"),
 ])

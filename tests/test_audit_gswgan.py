@@ -1,11 +1,11 @@
 """The GS-WGAN family's canary hook (dpgen.audit.hooks.SanitizerCanaries) in the gradient sanitisers.
 
-* canaries live on extra rows of each sampled member's release, ROWS_PER_CANARY entries each in their partition's
-  column: before the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
+* canaries live on extra rows of each sampled member's release, b entries each in their partition's column (b so
+  that a canary moves its release by the sensitivity a record is charged for: 4B, efsgd 4B(1 + C2/C1)²): before the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
   untouched, one noise draw covers every row, only the B image rows go on to G, and the score reads the canary's
   own entries, whichever partitions were drawn; several sampled partitions each bring their own canaries;
 * efsgd: the extra rows are clipped to C1 like the image rows but take no error feedback;
-* more than 4·K·B canaries are refused; a canary never moves its release by more than a record may;
+* more than K·⌊256·B / b⌋ canaries are refused; a canary moves its release by what a record may, never more;
 * a run without an audit releases exactly what it did before the hook existed: the trained generator is
   bit-for-bit that of the sanitisers' pre-audit code (kept verbatim below).
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dpgen.audit.canaries import Canaries
-from dpgen.audit.hooks import DIRAC_NORM, ROWS_PER_CANARY, SanitizerCanaries
+from dpgen.audit.hooks import DIRAC_NORM, SanitizerCanaries, max_sanitizer_canaries, sanitizer_rows_per_canary
 from dpgen.core.precision import at_least_fp32, full_precision
 from dpgen.gswgan.sanitizer import Sanitizer
 from dpgen.efsgd.sanitizer import ErrorFeedbackSanitizer
@@ -44,32 +44,34 @@ def entries(ch: SanitizerCanaries, j: int) -> list[tuple[int, int]]:
 
 def test_a_canary_owns_its_extra_rows_is_clipped_noised_and_scored():
     """K=3 partitions, B=2 rows, w=4 columns, m=6 canaries: partition 1 holds canaries 1 (slot 0) and 4 (slot 1);
-    1 is included, 4 not. E = 2 slots x 4 rows."""
+    1 is included, 4 not. A canary owns b = 4B = 8 rows (C·√8 = 2C·√2, a record's sensitivity): E = 2 slots x 8."""
     c = canaries_with([1, 1, 1, 0, 0, 1])
     clip = 0.5
     san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
     group = SanitizerCanaries.attach(c, 3, 2, 1 / 3, {"sanitizer": san, "off": None})
     ch = c.channels["sanitizer"]
     assert list(c.channels) == ["sanitizer"] and san.audit is ch
-    assert ch.shift == pytest.approx(clip * math.sqrt(ROWS_PER_CANARY))
-    assert ch.sensitivity == pytest.approx(2 * clip * math.sqrt(2)) and ch.strength <= 1.0
+    per = ch.per
+    assert per == 8 and ch.shift == pytest.approx(clip * math.sqrt(per))
+    assert ch.sensitivity == pytest.approx(2 * clip * math.sqrt(2)) and ch.strength == pytest.approx(1.0)
+    assert ch.strength <= 1.0
     g = torch.randn(2, 1, 2, 2) * 0.01  # inside the clip ball: unchanged
     group.start_iteration(torch.tensor([1]))
     out = san.sanitize(g)
     rel = san.last_release
-    assert ch.extra == 2 * ROWS_PER_CANARY and rel.shape == (2 + ch.extra, 4)
+    assert ch.extra == 2 * ch.per and rel.shape == (2 + ch.extra, 4)
     assert torch.equal(rel[:2], g.reshape(2, 4))  # the image rows are untouched by the canaries
     assert torch.equal(out, g / 2)  # only the image rows go on to G, ÷B
     for r, col in entries(ch, 1):
         assert col == 1 and rel[2 + r, col] == pytest.approx(clip, rel=1e-6)  # clipped to C on each entry
     assert sum(float(rel[2 + r, col]) for r, col in entries(ch, 4)) == 0.0  # canary 4 is out
-    assert float(rel[2:].abs().sum()) == pytest.approx(ROWS_PER_CANARY * clip, rel=1e-6)  # nothing else
+    assert float(rel[2:].abs().sum()) == pytest.approx(ch.per * clip, rel=1e-6)  # nothing else
     assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all()
     # another partition: canary 1's entries are read again (noise only in a noisy run), whatever k was
     group.start_iteration(torch.tensor([2]))
     san.sanitize(g)
     assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 1)) == 0.0
-    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 2)) == pytest.approx(4 * clip)
+    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 2)) == pytest.approx(per * clip)
     c.finish()
     assert ch.releases == 2 and c.scores_host()[1] > c.scores_host()[4]
 
@@ -79,7 +81,7 @@ def test_the_noise_draw_covers_the_extra_rows():
     san = Sanitizer(0.5, 2.0, secret_generator("cpu", seed=4))
     SanitizerCanaries.attach(c, 3, 2, 1 / 3, {"sanitizer": san}).start_iteration(torch.tensor([0]))
     san.sanitize(torch.zeros(2, 1, 2, 2))
-    expected = gaussian_noise((2 + 2 * ROWS_PER_CANARY, 4), san.noise_std, secret_generator("cpu", seed=4))
+    expected = gaussian_noise((2 + 2 * c.channels["sanitizer"].per, 4), san.noise_std, secret_generator("cpu", seed=4))
     assert torch.equal(san.last_release, expected)
 
 
@@ -91,6 +93,7 @@ def test_error_feedback_skips_the_canary_rows():
     group = SanitizerCanaries.attach(c, 2, 1, 0.5, {"sanitizer.d": san})
     ch = c.channels["sanitizer.d"]
     assert ch.sensitivity == pytest.approx(san.sensitivity)  # 2(C1 + C2) per row, B = 1
+    assert ch.per == 36 and ch.strength == pytest.approx(1.0)  # (2(0.5 + 1) / 0.5)² rows of C1: C1·6 = 2(C1 + C2)
     y, g = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 2, 2)
     for _ in range(2):
         group.start_iteration(torch.tensor([0]))
@@ -102,10 +105,26 @@ def test_error_feedback_skips_the_canary_rows():
         assert san.last_release[1 + r, col] == pytest.approx(0.5, rel=1e-5)  # clip(g, C1) only
 
 
-def test_more_than_four_k_b_canaries_are_refused():
-    c = canaries_with([1] * 25)
-    with pytest.raises(DpgenError, match=r"audit.canaries=25 must be <= 4\*K\*B = 4\*3\*2 = 24"):
+def test_more_canaries_than_the_row_budget_are_refused():
+    """b = 4B = 8 rows per canary (K=3, B=2): at most K·⌊256·B / b⌋ = 3·64 = 192 canaries."""
+    c = canaries_with([1] * 193)
+    with pytest.raises(DpgenError, match=r"audit.canaries=193 must be <= K\*\(256\*B // b\) = 3\*\(256\*2 // 8\) = 192"):
         SanitizerCanaries(c, "sanitizer", 3, 2, 0.5, 1.0, 1.0, 1 / 3)
+    SanitizerCanaries(canaries_with([1] * 192), "sanitizer", 3, 2, 0.5, 1.0, 1.0, 1 / 3)
+
+
+@pytest.mark.parametrize("sensitivity,clip,rows,per,strength", [
+    (1.0, 0.5, 16, 64, 1.0),    # gswgan, dpac: 2C per row -> 4B rows of C
+    (2.0, 0.5, 16, 256, 1.0),   # efsgd, C1 = C2 = 0.5: 2(C1 + C2) = 4·C1 -> 16B rows
+    (1.3, 0.5, 3, 20, math.sqrt(20 / 20.28)),  # not a square: the largest b below the sensitivity
+    (8.0, 0.5, 2, 128, math.sqrt(128 / 512)),  # beyond 64·B rows the strength falls below 1
+])
+def test_a_canary_takes_the_sensitivity_a_record_is_charged_for(sensitivity, clip, rows, per, strength):
+    c = canaries_with([1] * 3)
+    ch = SanitizerCanaries(c, "sanitizer", 3, rows, clip, 1.0, sensitivity, 1 / 3)
+    assert sanitizer_rows_per_canary(sensitivity, clip, rows) == per == ch.per
+    assert ch.strength == pytest.approx(strength) and ch.shift <= ch.sensitivity
+    assert max_sanitizer_canaries(3, rows, per) == 3 * (256 * rows // per)
 
 
 def test_canaries_of_several_sampled_partitions_enter_their_own_members_rows():
@@ -123,7 +142,7 @@ def test_canaries_of_several_sampled_partitions_enter_their_own_members_rows():
     rel = san.last_release
     assert rel.shape == (2 + ch.extra, 4) and san.last_clipped.shape == (2 * (2 + ch.extra), 4)
     for j in (0, 2, 3, 5):
-        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == pytest.approx(ROWS_PER_CANARY * clip)
+        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == pytest.approx(ch.per * clip)
     for j in (1, 4):
         assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == 0.0
     assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all(), "every member's row is clipped alone"
@@ -141,9 +160,9 @@ def test_wide_partition_counts_use_several_column_blocks():
     group.start_iteration(torch.tensor([0, 4]))
     san.sanitize_sum(torch.zeros(2, 1, 1, 2, 2), scale=1.0)
     ch = c.channels["sanitizer"]
-    assert ch.extra == 3 * ROWS_PER_CANARY  # ceil(10 / 4) blocks of one slot
+    assert ch.extra == 3 * ch.per  # ceil(10 / 4) blocks of one slot
     positions = {p for j in range(10) for p in entries(ch, j)}
-    assert len(positions) == 10 * ROWS_PER_CANARY
+    assert len(positions) == 10 * ch.per
 
 
 # ---- a run without an audit: the pre-audit sanitisers, verbatim ------------------------------------------------

@@ -23,13 +23,15 @@ says how much, and the f-DP bound tests the canaries against the mechanism at th
   per group whatever the split); its conv2* gradient is a :class:`DpsgdCanaries` of the same sampling event.
 * :class:`SanitizerCanaries` (the GS-WGAN family's gradient sanitisers: gswgan, dpac, efsgd): canaries are
   records of the K partitions (canary j of partition j mod K). Each sampled member's B rows (its gradients
-  w.r.t. the B generated images) get E extra rows that only canaries use: canary j owns
-  :data:`ROWS_PER_CANARY` entries (rows of its partition's block, one column), each a Dirac row of norm
+  w.r.t. the B generated images) get E extra rows that only canaries use: canary j owns b entries (rows of its
+  partition's block, one column; :func:`sanitizer_rows_per_canary`), each a Dirac row of norm
   :data:`DIRAC_NORM` × C before the per-row clip, so it moves each by C. The sanitiser clips every row, sums the
   sampled members' rows per row index, noises all, and only the B image rows go on to G: real rows and G never
-  see a canary. Strength C·√4 ÷ (2C·√B), a quarter for B = 16: a canary could take 2C on every row, but one
-  that uses a row's whole clip ball leaves it to no other canary of the partition, and a ±C canary (−C when
-  out) is not a pair the ledger's add/remove analysis dominates at small ε.
+  see a canary. b is chosen so that C·√b reaches the sensitivity a record is charged for (2C·√B: b = 4B;
+  efsgd's 2(C1 + C2)·√B: b = 4B(1 + C2/C1)²), strength 1: an included canary is 0 → Δ on its own entries when
+  its partition is drawn, the add/remove pair of the ledger's Poisson-subsampled Gaussian. (A canary that took
+  ±C on one row, −C when out, would use the same norm on fewer rows, but it is a pair that the ledger's
+  add/remove analysis does not dominate at small ε.) A canary costs b rows of its partition's block.
 """
 from __future__ import annotations
 
@@ -42,15 +44,32 @@ from torch import nn
 from dpgen.audit.canaries import Canaries, Channel, SamplingGroup
 from dpgen.errors import DpgenError
 
-__all__ = ["DIRAC_NORM", "ROWS_PER_CANARY", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries",
-           "SanitizerCanaries", "dirac_rows"]
+__all__ = ["DIRAC_NORM", "ROW_BUDGET", "DEFAULT_ROW_BUDGET", "DpsgdCanaries", "VoteCanaries", "FeatureCanaries",
+           "SanitizerCanaries", "dirac_rows", "max_sanitizer_canaries", "sanitizer_rows_per_canary"]
 
 #: a canary's gradient (or row) norm before clipping, in units of the clip norm C: far above C, so that a
 #: missing or loosened clip lets ~1000x the canary through and the audit sees it at once; clipped, it adds C
 DIRAC_NORM = 1000.0
-#: the extra sanitiser rows (entries) one GS-WGAN-family canary owns (at most 4B: its shift C·√4 stays within
-#: the 2C·√B a record may move a member's rows by)
-ROWS_PER_CANARY = 4
+#: the extra sanitiser rows one GS-WGAN-family member may take per image row: the canaries of one partition times
+#: their b rows each stay within ROW_BUDGET·B (the cap on m); the default m takes a quarter of it
+#: (DEFAULT_ROW_BUDGET·B, quick B = 16: 1,024 rows), which costs a few times what the image rows' clip and noise do
+ROW_BUDGET = 256
+DEFAULT_ROW_BUDGET = 64
+
+
+def sanitizer_rows_per_canary(row_sensitivity: float, clip: float, rows: int) -> int:
+    """b: the extra rows one GS-WGAN-family canary owns, each moved by ``clip`` C, so that its shift C·√b reaches
+    the ℓ2 sensitivity ``row_sensitivity``·√B a record is charged for on a member's B ``rows`` (strength 1): the
+    largest b with C·√b ≤ row_sensitivity·√B, at most DEFAULT_ROW_BUDGET·B (so that the default m holds one
+    canary per partition; beyond it, e.g. efsgd with C2 > 3·C1, the strength falls below 1)."""
+    full = math.floor((float(row_sensitivity) / float(clip)) ** 2 * int(rows) * (1 + 1e-9))
+    return max(1, min(full, DEFAULT_ROW_BUDGET * int(rows)))
+
+
+def max_sanitizer_canaries(partitions: int, rows: int, per: int, budget: int = ROW_BUDGET) -> int:
+    """The most canaries a GS-WGAN-family audit takes: K·⌊budget·B / b⌋ (b rows per canary, at most budget·B extra
+    rows per member and partition block); ``budget=DEFAULT_ROW_BUDGET``: the default m."""
+    return int(partitions) * (int(budget) * int(rows) // int(per))
 
 
 def dirac_rows(idx: torch.Tensor, m: int, norm: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -196,14 +215,14 @@ class SanitizerCanaries(Channel):
 
     Canary j is a record of partition k = j mod K, in slot r = j // K of it. The sanitiser's rows are w wide (d
     pixels, or L coefficients with ``dpac.grad_basis``); partition k's canaries live in column k mod w of row block
-    k // w, each in :data:`ROWS_PER_CANARY` rows of its own (slot r: rows r·b … r·b + b − 1 of the block), so E =
+    k // w, each in b rows of its own (:func:`sanitizer_rows_per_canary`) (slot r: rows r·b … r·b + b − 1 of the block), so E =
     ⌈K / w⌉ · ⌈m / K⌉ · b. The trainer calls :meth:`start_iteration` with the drawn partitions k_1..k_M (a device
     tensor); the sanitiser calls :meth:`extend` on its (M·B, w) rows before clipping (member i's B rows become
     B + E: the extra rows of partition k_i hold DIRAC_NORM·C at its included canaries' entries, zero elsewhere),
     clips every row, sums the members' rows per row index and noises the (B + E, w) sum, and calls
     :meth:`release`, which scores the extra rows and hands the B image rows back. A record may move each of its
     member's B rows by 2C (the sensitivity 2C·√B the ledger charges per path; efsgd: 2(C1 + C2)·√B); a canary
-    moves its b entries by C each (C·√b), and nothing else: its rows carry no image gradient, are not fed back
+    moves its b entries by C each (C·√b, that sensitivity), and nothing else: its rows carry no image gradient, are not fed back
     (efsgd) and never reach G, so canaries are independent of each other and of the run.
 
     The score reads only released values: the sum of canary j's b entries (public positions), over every
@@ -216,15 +235,20 @@ class SanitizerCanaries(Channel):
     def __init__(self, canaries: Canaries, name: str, partitions: int, rows: int, clip: float, noise_std: float,
                  row_sensitivity: float, rate: float, group: SamplingGroup | None = None, where: str = "") -> None:
         k, b, m = int(partitions), int(rows), canaries.m
-        if m > max_sanitizer_canaries(k, b):
-            raise DpgenError(f"audit.canaries={m} must be <= 4*K*B = 4*{k}*{b} = {max_sanitizer_canaries(k, b)} "
-                             f"for {name} (extra sanitiser rows per partition)")
-        per = ROWS_PER_CANARY
-        super().__init__(canaries, name, shift=float(clip) * math.sqrt(per), noise_std=float(noise_std),
-                         sensitivity=float(row_sensitivity) * math.sqrt(b), rate=rate, group=group,
+        per = sanitizer_rows_per_canary(row_sensitivity, clip, b)
+        cap = max_sanitizer_canaries(k, b, per)
+        if m > cap:
+            raise DpgenError(f"audit.canaries={m} must be <= K*({ROW_BUDGET}*B // b) = {k}*({ROW_BUDGET}*{b} // {per}) "
+                             f"= {cap} for {name} ({per} extra sanitiser rows per canary, at most {ROW_BUDGET}*B "
+                             "per partition)")
+        sensitivity = float(row_sensitivity) * math.sqrt(b)
+        # min(): C·√b equals the sensitivity up to rounding, and a canary may not move more than a record
+        super().__init__(canaries, name, shift=min(float(clip) * math.sqrt(per), sensitivity),
+                         noise_std=float(noise_std), sensitivity=sensitivity, rate=rate, group=group,
                          where=where or f"{name}: {per} extra sanitiser rows of its partition's member per canary, "
                                         f"each a Dirac row of norm {DIRAC_NORM:g}*C on the canary's entry before "
                                         "the per-row clip; never fed back, never reaching G")
+        self.per = per
         self.clip, self.partitions, self.rows_per_release = float(clip), k, b
         self.slots = -(-m // k)  # canaries per partition
         self.block = self.slots * per  # extra rows of one partition block
@@ -235,7 +259,7 @@ class SanitizerCanaries(Channel):
     def _layout(self, width: int, device: torch.device) -> None:
         """Positions once the row width w is known: canary j's b flat indices into the (E, w) extra rows, and per
         partition the flat indices and DIRAC_NORM·C values (0 where excluded or absent) of its canaries."""
-        k, m, per = self.partitions, self.m, ROWS_PER_CANARY
+        k, m, per = self.partitions, self.m, self.per
         self.width = w = int(width)
         self.extra = -(-k // w) * self.block
         j = torch.arange(m, device=device)
@@ -288,7 +312,7 @@ class SanitizerCanaries(Channel):
         b = self.rows_per_release
         extra = released.detach()[b:].reshape(-1).to(self.canaries.score_dtype)
         x = extra[self.entries].sum(1)  # the canary's b entries, each moved by C when it is in the release
-        self.observe_log_ratio((x * self.clip - 0.5 * self.shift ** 2) / self.score_std ** 2)
+        self.observe_log_ratio((x * self.clip - 0.5 * self.per * self.clip ** 2) / self.score_std ** 2)
         return released[:b].reshape(self.shape)
 
     @classmethod
@@ -307,11 +331,6 @@ class SanitizerCanaries(Channel):
             san.audit = ch
             channels.append(ch)
         return SanitizerGroup(channels, group)
-
-
-def max_sanitizer_canaries(partitions: int, rows: int) -> int:
-    """The most canaries a GS-WGAN-family audit takes: 4·K·B (16 extra rows per image row and partition)."""
-    return 4 * int(partitions) * int(rows)
 
 
 class SanitizerGroup:
