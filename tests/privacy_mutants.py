@@ -554,6 +554,11 @@ MUTANTS: list[Mutant] = [
            (SAMPLING + "::test_poisson_sampler_step_s_is_row_s_mod_chunk_of_fork_s_div_chunk",),
            "the steps of a chunk all get its first batch (samples repeated, not independent)"),
     # -- the one-run audit (dpgen/audit): a mechanism without its noise or its clip, caught by measuring ------
+    Mutant("audit.confidence_not_split", "dpgen/audit/report.py",
+           "    return [1.0 - alpha / 2.0] + [1.0 - alpha / (2.0 * channels)] * int(channels)",
+           "    return [float(confidence)] * (int(channels) + 1)",
+           ("tests/test_audit.py::test_several_tests_share_the_confidence",),
+           "a run with several mechanisms tests each score at the full confidence (the largest is no bound)"),
     Mutant("audit.dpsgd_noise_removed", "dpgen/privacy/optimizer.py",
            "            p.grad = (s + noise).view_as(p)",
            "            p.grad = s.view_as(p)",

@@ -322,9 +322,22 @@ def test_gnmax_reserved_bins_take_no_part_in_the_answer():
     assert not res.answered.any() and (res.winner < 3).all() and torch.equal(res.reserved, counts[:, 3:])
 
 
+def test_several_tests_share_the_confidence():
+    """Weighted Bonferroni: the error probabilities of the tests sum to 1 − confidence; one channel is one test
+    at the whole confidence; with several, the combined score takes half and the channels share the rest."""
+    from dpgen.audit.report import split_confidence
+
+    assert split_confidence(0, 0.99) == split_confidence(1, 0.99) == [0.99]
+    for channels in (2, 3, 5):
+        levels = split_confidence(channels, 0.99)
+        assert len(levels) == channels + 1
+        assert sum(1.0 - c for c in levels) == pytest.approx(0.01)
+        assert levels[0] == pytest.approx(0.995) and all(c == pytest.approx(1 - 0.005 / channels) for c in levels[1:])
+
+
 def test_default_canaries_and_guesses_per_family():
-    """audit.canaries=null: 10,000, or K·⌊64·B / b⌋ for the GS-WGAN family (b rows per canary); audit.guesses=null: 2 % of m on each side, at
-    least min(100, m/10)."""
+    """audit.canaries=null: 10,000, or K·⌊64·B / b⌋ for the GS-WGAN family (b rows per canary);
+    audit.guesses=null: 2 % of m on each side, at least min(100, m/10)."""
     from hydra import compose, initialize_config_dir
 
     from dpgen.audit.sizes import audit_sizes, default_guesses

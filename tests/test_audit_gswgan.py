@@ -1,7 +1,8 @@
 """The GS-WGAN family's canary hook (dpgen.audit.hooks.SanitizerCanaries) in the gradient sanitisers.
 
 * canaries live on extra rows of each sampled member's release, b entries each in their partition's column (b so
-  that a canary moves its release by the sensitivity a record is charged for: 4B, efsgd 4B(1 + C2/C1)²): before the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
+  that a canary moves its release by the sensitivity a record is charged for: 4B, efsgd 4B(1 + C2/C1)²): before
+  the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
   untouched, one noise draw covers every row, only the B image rows go on to G, and the score reads the canary's
   own entries, whichever partitions were drawn; several sampled partitions each bring their own canaries;
 * efsgd: the extra rows are clipped to C1 like the image rows but take no error feedback;

@@ -21,7 +21,8 @@ noise equal to the canary's shift.
 A run with several channels (dpaf; dpac with ``dpac.sanitize=per_path``; efsgd) has their combined score
 (the log-likelihood ratio of all the events) and each channel's own (its marginal events): a channel whose noise
 is missing stands out on its own even where the combination barely weighs it. These are several tests on the
-same coins, so :func:`dpgen.audit.report.run_tests` splits the confidence among them (Bonferroni).
+same coins, so :func:`dpgen.audit.report.run_tests` splits the confidence among them (weighted Bonferroni:
+half of 1 − confidence to the combined score).
 
 What a score may depend on (the threat model of the audit): the released outputs of every step (white box:
 every intermediate noisy release, as DP-SGD's analysis assumes) and public values (clip norms, noise
