@@ -130,3 +130,17 @@ def test_the_simulation_cli_prints_its_table(capsys):
         sim.MECHANISMS = saved
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("| mechanism") and len(out) == 2 + 4
+
+
+def test_the_simulation_of_one_mechanism_prints_a_row_per_size(capsys):
+    """--mechanism: one subsampled Gaussian calibrated to the given ε, a row per m:k± with the bound's mean."""
+    from dpgen.audit import simulate as sim
+
+    assert sim.main(["--mechanism", "0.1,50,4", "--sizes", "1000:100,1000:50", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| m | k±") and len(out) == 2 + 2
+    cells = [line.split("|") for line in out[2:]]
+    assert [c[1].strip() for c in cells] == ["1000", "1000"] and [c[2].strip() for c in cells] == ["100", "50"]
+    for c in cells:
+        mean = float(c[3].split("±")[0])
+        assert 0.5 <= mean <= 4.0 * 1.2, out  # the simulation table: 1.67 mean at m = 1000, 100 guesses
