@@ -269,10 +269,11 @@ class SanitizerCanaries(Channel):
         #: (m, b) flat indices of canary j's entries in the (E, w) extra rows
         self.entries = (row0.unsqueeze(1) + offs) * w + (part % w).unsqueeze(1)
         value = self.canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip)
-        #: per partition (K, slots·b): flat indices (pointing at an unused padding slot E·w where absent)
-        idx = torch.full((k, self.slots, per), self.extra * w, dtype=torch.long, device=device)
+        #: per partition (K, slots·b): the flat indices of its slots' entries (each (partition, slot, entry) has a
+        #: position of its own, so a slot without a canary gets value 0 at a position nothing else uses)
+        parts, slots = torch.arange(k, device=device).view(k, 1, 1), torch.arange(self.slots, device=device).view(1, -1, 1)
+        idx = ((parts // w) * self.block + slots * per + offs.view(1, 1, per)) * w + parts % w
         val = torch.zeros((k, self.slots, per), device=device)
-        idx[part, slot] = self.entries
         val[part, slot] = value.unsqueeze(1).expand(m, per)
         self.part_index, self.part_value = idx.view(k, -1), val.view(k, -1)
 
@@ -294,12 +295,13 @@ class SanitizerCanaries(Channel):
             self._layout(flat.shape[1], flat.device)
         self.shape = torch.Size((b, *rows.shape[1:]))
         w = self.width
-        extra = torch.zeros(members, self.extra * w + 1, dtype=flat.dtype, device=flat.device)
+        # one buffer, the image rows copied in (a concatenation would allocate the large extra block twice)
+        out = torch.zeros(members, b + self.extra, w, dtype=flat.dtype, device=flat.device)
+        out[:, :b] = flat.view(members, b, w)
         # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
-        extra.scatter_(1, self.part_index.index_select(0, self.current),
-                       self.part_value.index_select(0, self.current).to(flat.dtype))
-        out = torch.cat([flat.view(members, b, w), extra[:, :-1].view(members, self.extra, w)], dim=1)
-        return out.reshape(members * (b + self.extra), w)
+        out[:, b:].view(members, self.extra * w).scatter_(1, self.part_index.index_select(0, self.current),
+                                                          self.part_value.index_select(0, self.current).to(flat.dtype))
+        return out.view(members * (b + self.extra), w)
 
     @property
     def rows_per_member(self) -> int:
