@@ -260,16 +260,16 @@ def test_feta_step_clip_must_be_the_stated_clip():
 # ---- dpgan: the DP-SGD optimizer ------------------------------------------------------------------------------
 
 class _Canaries:
-    """The part of dpgen.audit.hooks.DpsgdCanaries the optimizer uses: rows on reserved coordinates."""
+    """The part of dpgen.audit.hooks.DpsgdCanaries the optimizer uses: two canaries' Dirac rows (on reserved
+    coordinates 1 and 3) clipped by the optimizer's factors."""
 
     def __init__(self, m: int, clip: float) -> None:
         self.coordinates = nn.Parameter(torch.zeros(m))
         self.clip, self.released = clip, []
-        self._rows = torch.zeros(2, m)
-        self._rows[0, 1], self._rows[1, 3] = 1000.0 * clip, 1000.0 * clip
 
-    def rows(self) -> torch.Tensor:
-        return self._rows
+    def clipped_sum(self, factors) -> torch.Tensor:
+        value = torch.full((2,), 1000.0 * self.clip)
+        return torch.zeros_like(self.coordinates.detach()).index_add_(0, torch.tensor([1, 3]), factors(value) * value)
 
     def observe_release(self) -> None:
         self.released.append(self.coordinates.grad.detach().clone())

@@ -31,7 +31,7 @@ def dpagg(feats: torch.Tensor, sensitivity: float, noise_multiplier: float, scal
     with full_precision():
         total = at_least_fp32(feats).sum(dim=0, keepdim=True)
         if canaries is not None:
-            total = torch.cat([total.flatten(1), canaries.rows(part).sum(0, keepdim=True).to(total.dtype)], 1)
+            total = torch.cat([total.flatten(1), canaries.summed(part).unsqueeze(0).to(total.dtype)], 1)
         noise = gaussian_noise(total.shape, noise_multiplier * sensitivity, generator, device=total.device,
                                dtype=total.dtype, mechanism="DPAGG")
         released = (total + noise) / scale
@@ -85,16 +85,18 @@ class CompressedDPOptimizer(DPSGDOptimizer):
         self.dim = sum(p.numel() for p in self.model_params)
 
     def clip_and_accumulate(self) -> None:
-        gs = self.grad_samples
+        # the model's parameters only: an audit's reserved coordinates hold zero rows for the records (its
+        # canaries, Dirac rows whose one entry is their largest, pass compress_top unchanged and are clipped apart)
+        model = self.model_params
+        gs = [self._get_flat_grad_sample(p) for p in model]
         if self.keep < 1.0 and len(gs[0]) > 0:
             b = len(gs[0])
             flat = compress_top(torch.cat([g.reshape(b, -1) for g in gs], dim=1), self.keep, self.generator)
             off = 0
-            for p, g in zip(self.params, gs):
+            for p, g in zip(model, gs):
                 p.grad_sample = flat[:, off:off + g[0].numel()].reshape(g.shape).to(g.dtype)
                 off += g[0].numel()
-        # the model's rows only: an audit's canary rows and coordinates stay out of the diagnostics
-        rows = [self._get_flat_grad_sample(p)[:self.real_rows] for p in self.model_params] if self.track else []
+        rows = [self._get_flat_grad_sample(p) for p in model] if self.track else []
         if rows and len(rows[0]) > 0:
             norms = torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in rows], 1).norm(dim=1)
             self.stats["grad_norm_median"] = norms.median()

@@ -205,12 +205,11 @@ def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
 
 def canary_sum(canaries: "DpsgdCanaries", clip: float) -> torch.Tensor:
     """An audit run's step (:mod:`dpgen.audit`): the sampled canaries' per-record gradients on their reserved
-    coordinates, clipped by :func:`add_clipped` exactly as the records' are (a canary's gradient is zero on the
+    coordinates, clipped by :func:`clip_factors` exactly as the records' are (a canary's gradient is zero on the
     model, so its norm over all parameters is its norm there) and summed; the caller adds the coordinates to
     the parameters :func:`set_noisy_grads` noises."""
-    acc = torch.zeros_like(canaries.coordinates.detach())
-    add_clipped([acc], [canaries.rows()], clip)
-    return acc
+    with _autocast_off("cpu"), _autocast_off("cuda"):
+        return canaries.clipped_sum(lambda norms: clip_factors(norms, clip))
 
 
 def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], sigma: float, clip: float,

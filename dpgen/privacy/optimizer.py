@@ -18,11 +18,12 @@ per-sample norms get opacus' clipping factors min(1, C/(‖g_i‖ + 10⁻⁶)) a
 layer) becomes ``summed_grad``; the noise, the scaling and the wrapped optimizer's step are opacus' own.
 
 Audit runs (:mod:`dpgen.audit`) hand the optimizer a :class:`~dpgen.audit.hooks.DpsgdCanaries`: its reserved
-coordinates join :attr:`DPSGDOptimizer.params` (so opacus clips and noises them with the model's), each step
-appends the sampled canaries' per-sample rows to every parameter's ``grad_sample`` before opacus clips, and
-the released noisy sum on the coordinates goes back to the hook (with a recorded batch, the canary rows are
-clipped by the same factors and summed onto the coordinates: a canary's gradient is zero on the model, so its
-norm over all parameters is its row's). Without canaries (every other run) nothing of this runs and the step
+coordinates join :attr:`DPSGDOptimizer.params` (so opacus noises them with the model's; the records' rows
+are zero there), each step the sampled canaries' per-sample rows, clipped by the factors the records get
+(:meth:`DPSGDOptimizer.clip_factors`: a canary's gradient is zero on the model, so its norm over all parameters
+is its row's), are added to the clipped sum on the coordinates before the noise, and the released noisy sum
+on the coordinates goes back to the hook. The canaries' rows are Dirac vectors, summed sparsely
+(:meth:`~dpgen.audit.hooks.DpsgdCanaries.clipped_sum`), so an audit holds tens of thousands of canaries. Without canaries (every other run) nothing of this runs and the step
 is opacus' own.
 """
 from __future__ import annotations
@@ -82,20 +83,25 @@ class DPSGDOptimizer(DPOptimizer):
 
     def clip_and_accumulate(self) -> None:
         """opacus' clipping of ``grad_sample``, or, for a :meth:`record` ed batch, Σ_i c_i g_i by book-keeping with
-        the same factors c_i (and an audit's canary rows, clipped alike, on the reserved coordinates)."""
+        the same factors c_i; then an audit's canary rows, clipped by the same factors, on the reserved
+        coordinates (the records' rows are zero there)."""
         if self.recorded is None:
-            return super().clip_and_accumulate()
-        rec, self.recorded = self.recorded, None
-        by_param = dict(zip(map(id, rec.params), rec.clipped_sum(self.clip_factors(rec.norms))))
+            super().clip_and_accumulate()
+        else:
+            rec, self.recorded = self.recorded, None
+            by_param = dict(zip(map(id, rec.params), rec.clipped_sum(self.clip_factors(rec.norms))))
+            if self.canaries is not None:
+                coords = self.canaries.coordinates
+                by_param[id(coords)] = torch.zeros_like(coords.detach())
+                self.real_rows = len(rec.losses)
+            if set(by_param) != {id(p) for p in self.params}:
+                raise ValueError("the recorded batch covers other parameters than the optimizer's")
+            for p in self.params:
+                s = by_param[id(p)]
+                p.summed_grad = s if p.summed_grad is None else p.summed_grad + s
         if self.canaries is not None:
-            rows = self.canaries.rows().to(self.canaries.coordinates.dtype)
-            by_param[id(self.canaries.coordinates)] = torch.einsum("i,i...", self.clip_factors(rows.norm(dim=1)), rows)
-            self.real_rows = len(rec.losses)
-        if set(by_param) != {id(p) for p in self.params}:
-            raise ValueError("the recorded batch covers other parameters than the optimizer's")
-        for p in self.params:
-            s = by_param[id(p)]
-            p.summed_grad = s if p.summed_grad is None else p.summed_grad + s
+            coords = self.canaries.coordinates
+            coords.summed_grad.add_(self.canaries.clipped_sum(self.clip_factors).to(coords.summed_grad.dtype))
 
     def pre_step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Per-sample gradients in the parameters' dtype before opacus computes their norms (see the module
@@ -108,7 +114,7 @@ class DPSGDOptimizer(DPOptimizer):
                     p.grad_sample = _in_dtype(p.grad_sample, p.dtype)
             if self.canaries is None:
                 return super().pre_step(closure)
-            self._add_canary_rows()
+            self._zero_coordinate_rows()
             released = super().pre_step(closure)
             if released:
                 self.canaries.observe_release()
@@ -130,17 +136,14 @@ class DPSGDOptimizer(DPOptimizer):
             self.canaries.observe_release()
         return True
 
-    def _add_canary_rows(self) -> None:
-        """Append this step's canary rows (zero on the model's parameters, Dirac vectors on the reserved
-        coordinates) after the real rows of every parameter's per-sample gradients, before opacus clips."""
-        rows = self.canaries.rows()
+    def _zero_coordinate_rows(self) -> None:
+        """The records' rows on the reserved coordinates, before opacus clips: zero (a broadcast zero, no (b, m)
+        buffer), so that opacus' per-sample norms and clipped sums see the coordinates as a parameter with zero
+        per-sample gradients; the canaries' own rows are clipped and added in :meth:`clip_and_accumulate`."""
         model = self.model_params
-        real = [self._get_flat_grad_sample(p) for p in model]
-        self.real_rows = b = len(real[0]) if real else 0
-        for p, g in zip(model, real):
-            p.grad_sample = torch.cat([g, g.new_zeros((len(rows), *g.shape[1:]))])
+        self.real_rows = b = len(self._get_flat_grad_sample(model[0])) if model else 0
         coords = self.canaries.coordinates
-        coords.grad_sample = torch.cat([rows.new_zeros((b, rows.shape[1])), rows]).to(coords.dtype)
+        coords.grad_sample = coords.detach().new_zeros(()).expand(b, *coords.shape)
 
     def add_noise(self) -> None:
         std = self.noise_multiplier * self.max_grad_norm
