@@ -1,11 +1,11 @@
 """The GS-WGAN family's canary hook (dpgen.audit.hooks.SanitizerCanaries) in the gradient sanitisers.
 
-* canaries live on extra rows of each sampled member's release, b entries each in their partition's column (b so
-  that a canary moves its release by the sensitivity a record is charged for: 4B, efsgd 4B(1 + C2/C1)²): before
-  the clip a Dirac row of norm DIRAC_NORM·C, after it C on each entry; the image rows are
-  untouched, one noise draw covers every row, only the B image rows go on to G, and the score reads the canary's
-  own entries, whichever partitions were drawn; several sampled partitions each bring their own canaries;
-* efsgd: the extra rows are clipped to C1 like the image rows but take no error feedback;
+* canaries live on canary rows of each sampled member, b each (b so that a canary moves its release by the
+  sensitivity a record is charged for: 4B, efsgd 4B(1 + C2/C1)²): before the clip DIRAC_NORM·C, after it C on each
+  row; the image rows are untouched, the canary rows get a noise draw of their own at the same std, only the B
+  image rows go on to G, and the score reads the canary's own positions, whichever partitions were drawn; several
+  sampled partitions each bring their own canaries;
+* efsgd: the canary rows are clipped to C1 like the image rows but take no error feedback;
 * more than K·⌊256·B / b⌋ canaries are refused; a canary moves its release by what a record may, never more;
 * a run without an audit releases exactly what it did before the hook existed: the trained generator is
   bit-for-bit that of the sanitisers' pre-audit code (kept verbatim below).
@@ -37,15 +37,20 @@ def canaries_with(coins: list[int]) -> Canaries:
     return c
 
 
-def entries(ch: SanitizerCanaries, j: int) -> list[tuple[int, int]]:
-    """(extra row, column) of canary j's entries."""
-    w = ch.width
-    return [(int(e) // w, int(e) % w) for e in ch.entries[j]]
+def recorder(ch: SanitizerCanaries) -> list[torch.Tensor]:
+    """The canary releases ``ch`` scores, in order."""
+    seen, score = [], ch.release
+
+    def release(released: torch.Tensor) -> None:
+        seen.append(released.detach().clone())
+        score(released)
+    ch.release = release
+    return seen
 
 
-def test_a_canary_owns_its_extra_rows_is_clipped_noised_and_scored():
-    """K=3 partitions, B=2 rows, w=4 columns, m=6 canaries: partition 1 holds canaries 1 (slot 0) and 4 (slot 1);
-    1 is included, 4 not. A canary owns b = 4B = 8 rows (C·√8 = 2C·√2, a record's sensitivity): E = 2 slots x 8."""
+def test_a_canary_owns_its_rows_is_clipped_noised_and_scored():
+    """K=3 partitions, B=2 rows, m=6 canaries: partition 1 holds canaries 1 (slot 0) and 4 (slot 1); 1 is included,
+    4 not. A canary owns b = 4B = 8 rows (C·√8 = 2C·√2, a record's sensitivity): P = K·S·b = 3·2·8 positions."""
     c = canaries_with([1, 1, 1, 0, 0, 1])
     clip = 0.5
     san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
@@ -55,55 +60,58 @@ def test_a_canary_owns_its_extra_rows_is_clipped_noised_and_scored():
     per = ch.per
     assert per == 8 and ch.shift == pytest.approx(clip * math.sqrt(per))
     assert ch.sensitivity == pytest.approx(2 * clip * math.sqrt(2)) and ch.strength == pytest.approx(1.0)
-    assert ch.strength <= 1.0
+    assert ch.strength <= 1.0 and ch.size == 3 * 2 * per and ch.rows_per_member == 2 * per
+    seen = recorder(ch)
     g = torch.randn(2, 1, 2, 2) * 0.01  # inside the clip ball: unchanged
     group.start_iteration(torch.tensor([1]))
     out = san.sanitize(g)
-    rel = san.last_release
-    assert ch.extra == 2 * ch.per and rel.shape == (2 + ch.extra, 4)
-    assert torch.equal(rel[:2], g.reshape(2, 4))  # the image rows are untouched by the canaries
+    assert torch.equal(san.last_release, g)  # the image release: its rows alone, untouched
     assert torch.equal(out, g / 2)  # only the image rows go on to G, ÷B
-    for r, col in entries(ch, 1):
-        assert col == 1 and rel[2 + r, col] == pytest.approx(clip, rel=1e-6)  # clipped to C on each entry
-    assert sum(float(rel[2 + r, col]) for r, col in entries(ch, 4)) == 0.0  # canary 4 is out
-    assert float(rel[2:].abs().sum()) == pytest.approx(ch.per * clip, rel=1e-6)  # nothing else
-    assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all()
-    # another partition: canary 1's entries are read again (noise only in a noisy run), whatever k was
+    assert san.last_clipped.shape == g.shape  # the diagnostics hold the image rows only
+    rel = seen[-1]
+    assert rel.shape == (ch.size,)
+    assert torch.allclose(rel[ch.entries[1]], torch.full((per,), clip), rtol=1e-6)  # clipped to C on each row
+    assert float(rel[ch.entries[4]].abs().sum()) == 0.0  # canary 4 is out
+    assert float(rel.abs().sum()) == pytest.approx(per * clip, rel=1e-6)  # nothing else
+    # another partition: canary 1's rows are read again (noise only in a noisy run), whatever k was
     group.start_iteration(torch.tensor([2]))
     san.sanitize(g)
-    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 1)) == 0.0
-    assert sum(float(san.last_release[2 + r, col]) for r, col in entries(ch, 2)) == pytest.approx(per * clip)
+    assert float(seen[-1][ch.entries[1]].sum()) == 0.0
+    assert float(seen[-1][ch.entries[2]].sum()) == pytest.approx(per * clip)
     c.finish()
     assert ch.releases == 2 and c.scores_host()[1] > c.scores_host()[4]
 
 
-def test_the_noise_draw_covers_the_extra_rows():
+def test_the_canary_release_has_its_own_noise_draw_of_the_same_std():
+    """The image release's noise, then the canary release's, from the sanitiser's secret stream at its std."""
     c = canaries_with([0] * 6)
     san = Sanitizer(0.5, 2.0, secret_generator("cpu", seed=4))
     SanitizerCanaries.attach(c, 3, 2, 1 / 3, {"sanitizer": san}).start_iteration(torch.tensor([0]))
+    seen = recorder(c.channels["sanitizer"])
     san.sanitize(torch.zeros(2, 1, 2, 2))
-    expected = gaussian_noise((2 + 2 * c.channels["sanitizer"].per, 4), san.noise_std, secret_generator("cpu", seed=4))
-    assert torch.equal(san.last_release, expected)
+    gen = secret_generator("cpu", seed=4)
+    assert torch.equal(san.last_release, gaussian_noise((2, 1, 2, 2), san.noise_std, gen))
+    assert torch.equal(seen[0], gaussian_noise((c.channels["sanitizer"].size,), san.noise_std, gen))
 
 
 def test_error_feedback_skips_the_canary_rows():
-    """efsgd: the extra rows are clipped to C1 (so a missing clip shows) but take no error feedback, and the error
-    states keep the image rows' shape."""
+    """efsgd: the canary rows are clipped to C1 like the image rows (so a missing clip shows) but take no error
+    feedback, and the error states keep the image rows' shape."""
     c = canaries_with([1, 0])
     san = ErrorFeedbackSanitizer(0.5, 0.0, 1.0, generator=secret_generator("cpu", seed=4), parts=2, classes=1)
     group = SanitizerCanaries.attach(c, 2, 1, 0.5, {"sanitizer.d": san})
     ch = c.channels["sanitizer.d"]
     assert ch.sensitivity == pytest.approx(san.sensitivity)  # 2(C1 + C2) per row, B = 1
     assert ch.per == 36 and ch.strength == pytest.approx(1.0)  # (2(0.5 + 1) / 0.5)² rows of C1: C1·6 = 2(C1 + C2)
+    seen = recorder(ch)
     y, g = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, 2, 2)
     for _ in range(2):
         group.start_iteration(torch.tensor([0]))
         san.key = (torch.tensor([0]), y)
         san.sanitize(g)
-    assert san.error.shape == (2, 1, 4)
+    assert san.error.shape == (2, 1, 1, 2, 2) and san.last_clipped.shape == (1, 1, 2, 2)
     assert torch.equal(san.error, torch.zeros_like(san.error))  # nothing fed back: the image rows had no residual
-    for r, col in entries(ch, 0):
-        assert san.last_release[1 + r, col] == pytest.approx(0.5, rel=1e-5)  # clip(g, C1) only
+    assert torch.allclose(seen[-1][ch.entries[0]], torch.full((36,), 0.5), rtol=1e-5)  # clip(g, C1) only
 
 
 def test_more_canaries_than_the_row_budget_are_refused():
@@ -130,40 +138,35 @@ def test_a_canary_takes_the_sensitivity_a_record_is_charged_for(sensitivity, cli
 
 def test_canaries_of_several_sampled_partitions_enter_their_own_members_rows():
     """Poisson sampling: an iteration that drew partitions 0 and 2 (K=3, B=2) gives each included canary of those
-    partitions its entries in its own member's extra rows; each row is clipped alone and the members' rows are
-    summed per row index; partition 1's canaries stay at 0."""
+    partitions its rows in its own member's canary rows; each row is clipped alone and the members' rows are
+    summed per position; partition 1's canaries stay at 0."""
     c = canaries_with([1, 1, 1, 1, 1, 1])
     clip = 0.5
     san = Sanitizer(clip, 0.0, secret_generator("cpu", seed=4))
     group = SanitizerCanaries.attach(c, 3, 2, 2 / 3, {"sanitizer": san})
     ch = c.channels["sanitizer"]
+    seen = recorder(ch)
     g = torch.randn(2, 2, 1, 2, 2) * 0.01  # [M=2 members, B=2 rows, image]
     group.start_iteration(torch.tensor([0, 2]))
     san.sanitize_sum(g, scale=2.0)
-    rel = san.last_release
-    assert rel.shape == (2 + ch.extra, 4) and san.last_clipped.shape == (2 * (2 + ch.extra), 4)
+    assert san.last_release.shape == (2, 1, 2, 2) and san.last_clipped.shape == (4, 1, 2, 2)
     for j in (0, 2, 3, 5):
-        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == pytest.approx(ch.per * clip)
+        assert float(seen[-1][ch.entries[j]].sum()) == pytest.approx(ch.per * clip)
     for j in (1, 4):
-        assert sum(float(rel[2 + r, col]) for r, col in entries(ch, j)) == 0.0
-    assert (san.last_clipped.norm(dim=1) <= clip * (1 + 1e-6)).all(), "every member's row is clipped alone"
+        assert float(seen[-1][ch.entries[j]].sum()) == 0.0
     group.start_iteration(torch.tensor([], dtype=torch.long))  # nothing drawn: the noise alone
     san.sanitize_sum(g[:0], scale=2.0)
-    assert san.last_release.shape == (2 + ch.extra, 4) and san.last_release.abs().sum() == 0  # no noise here
+    assert san.last_release.shape == (2, 1, 2, 2) and san.last_release.abs().sum() == 0  # no noise here
+    assert seen[-1].shape == (ch.size,) and seen[-1].abs().sum() == 0
 
 
-def test_wide_partition_counts_use_several_column_blocks():
-    """K > w: partitions k and k + w share a column in different row blocks; every canary has entries of its
-    own."""
-    c = canaries_with([1] * 10)
-    san = Sanitizer(0.5, 0.0, secret_generator("cpu", seed=4))
-    group = SanitizerCanaries.attach(c, 10, 1, 0.5, {"sanitizer": san})
-    group.start_iteration(torch.tensor([0, 4]))
-    san.sanitize_sum(torch.zeros(2, 1, 1, 2, 2), scale=1.0)
-    ch = c.channels["sanitizer"]
-    assert ch.extra == 3 * ch.per  # ceil(10 / 4) blocks of one slot
-    positions = {p for j in range(10) for p in entries(ch, j)}
-    assert len(positions) == 10 * ch.per
+def test_every_canary_has_positions_of_its_own():
+    """K = 10 partitions, m = 25 canaries (3 slots, the last partly empty): m·b distinct positions of P = K·S·b."""
+    c = canaries_with([1] * 25)
+    ch = SanitizerCanaries(c, "sanitizer", 10, 1, 0.5, 1.0, 1.0, 0.5)
+    assert ch.slots == 3 and ch.size == 10 * 3 * ch.per
+    assert len(set(ch.entries.flatten().tolist())) == 25 * ch.per
+    assert int(ch.entries.max()) < ch.size
 
 
 # ---- a run without an audit: the pre-audit sanitisers, verbatim ------------------------------------------------

@@ -22,16 +22,16 @@ says how much, and the f-DP bound tests the canaries against the mechanism at th
   Poisson-sampled with its group (a secret draw) into sub-batch j mod μ (public: the ledger charges one Gaussian
   per group whatever the split); its conv2* gradient is a :class:`DpsgdCanaries` of the same sampling event.
 * :class:`SanitizerCanaries` (the GS-WGAN family's gradient sanitisers: gswgan, dpac, efsgd): canaries are
-  records of the K partitions (canary j of partition j mod K). Each sampled member's B rows (its gradients
-  w.r.t. the B generated images) get E extra rows that only canaries use: canary j owns b entries (rows of its
-  partition's block, one column; :func:`sanitizer_rows_per_canary`), each a Dirac row of norm
-  :data:`DIRAC_NORM` × C before the per-row clip, so it moves each by C. The sanitiser clips every row, sums the
-  sampled members' rows per row index, noises all, and only the B image rows go on to G: real rows and G never
-  see a canary. b is chosen so that C·√b reaches the sensitivity a record is charged for (2C·√B: b = 4B;
+  records of the K partitions (canary j of partition j mod K). Each sampled member releases, beside its B image
+  rows (its gradients w.r.t. the B generated images), canary rows that only canaries use: canary j owns b of
+  them (:func:`sanitizer_rows_per_canary`), each :data:`DIRAC_NORM` × C before the per-row clip, so it moves
+  each by C. The sanitiser clips every row with the clip of its image rows, sums the sampled members' rows per
+  position, noises them with the std of its image release, and only the B image rows go on to G: real rows
+  and G never see a canary. b is chosen so that C·√b reaches the sensitivity a record is charged for (2C·√B: b = 4B;
   efsgd's 2(C1 + C2)·√B: b = 4B(1 + C2/C1)²), strength 1: an included canary is 0 → Δ on its own entries when
   its partition is drawn, the add/remove pair of the ledger's Poisson-subsampled Gaussian. (A canary that took
   ±C on one row, −C when out, would use the same norm on fewer rows, but it is a pair that the ledger's
-  add/remove analysis does not dominate at small ε.) A canary costs b rows of its partition's block.
+  add/remove analysis does not dominate at small ε.) A canary costs b one-value rows of its partition's member.
 """
 from __future__ import annotations
 
@@ -50,15 +50,15 @@ __all__ = ["DIRAC_NORM", "ROW_BUDGET", "DEFAULT_ROW_BUDGET", "DpsgdCanaries", "V
 #: a canary's gradient (or row) norm before clipping, in units of the clip norm C: far above C, so that a
 #: missing or loosened clip lets ~1000x the canary through and the audit sees it at once; clipped, it adds C
 DIRAC_NORM = 1000.0
-#: the extra sanitiser rows one GS-WGAN-family member may take per image row: the canaries of one partition times
-#: their b rows each stay within ROW_BUDGET·B (the cap on m); the default m takes a quarter of it
-#: (DEFAULT_ROW_BUDGET·B, quick B = 16: 1,024 rows), which costs a few times what the image rows' clip and noise do
+#: the canary rows one GS-WGAN-family member may take per image row: the canaries of one partition times their b
+#: rows each stay within ROW_BUDGET·B (the cap on m); the default m takes a quarter of it (DEFAULT_ROW_BUDGET·B,
+#: quick B = 16: 1,024 one-value rows a member, and K times that many noised positions a release)
 ROW_BUDGET = 256
 DEFAULT_ROW_BUDGET = 64
 
 
 def sanitizer_rows_per_canary(row_sensitivity: float, clip: float, rows: int) -> int:
-    """b: the extra rows one GS-WGAN-family canary owns, each moved by ``clip`` C, so that its shift C·√b reaches
+    """b: the canary rows one GS-WGAN-family canary owns, each moved by ``clip`` C, so that its shift C·√b reaches
     the ℓ2 sensitivity ``row_sensitivity``·√B a record is charged for on a member's B ``rows`` (strength 1): the
     largest b with C·√b ≤ row_sensitivity·√B, at most DEFAULT_ROW_BUDGET·B (so that the default m holds one
     canary per partition; beyond it, e.g. efsgd with C2 > 3·C1, the strength falls below 1)."""
@@ -67,8 +67,8 @@ def sanitizer_rows_per_canary(row_sensitivity: float, clip: float, rows: int) ->
 
 
 def max_sanitizer_canaries(partitions: int, rows: int, per: int, budget: int = ROW_BUDGET) -> int:
-    """The most canaries a GS-WGAN-family audit takes: K·⌊budget·B / b⌋ (b rows per canary, at most budget·B extra
-    rows per member and partition block); ``budget=DEFAULT_ROW_BUDGET``: the default m."""
+    """The most canaries a GS-WGAN-family audit takes: K·⌊budget·B / b⌋ (b rows per canary, at most budget·B canary
+    rows per member); ``budget=DEFAULT_ROW_BUDGET``: the default m."""
     return int(partitions) * (int(budget) * int(rows) // int(per))
 
 
@@ -214,24 +214,26 @@ class FeatureCanaries(Channel):
 
 
 class SanitizerCanaries(Channel):
-    """Canaries of one GS-WGAN gradient sanitiser (GS-WGAN Alg. 1 / DPAC Eq. 5, 9; EFSGD Eq. 7–11) on E extra
-    rows of every sampled member's release.
+    """Canaries of one GS-WGAN gradient sanitiser (GS-WGAN Alg. 1 / DPAC Eq. 5, 9; EFSGD Eq. 7–11) on canary rows of
+    their own, released beside every sampled member's image rows.
 
-    Canary j is a record of partition k = j mod K, in slot r = j // K of it. The sanitiser's rows are w wide (d
-    pixels, or L coefficients with ``dpac.grad_basis``); partition k's canaries live in column k mod w of row block
-    k // w, each in b rows of its own (:func:`sanitizer_rows_per_canary`) (slot r: rows r·b … r·b + b − 1 of the block), so E =
-    ⌈K / w⌉ · ⌈m / K⌉ · b. The trainer calls :meth:`start_iteration` with the drawn partitions k_1..k_M (a device
-    tensor); the sanitiser calls :meth:`extend` on its (M·B, w) rows before clipping (member i's B rows become
-    B + E: the extra rows of partition k_i hold DIRAC_NORM·C at its included canaries' entries, zero elsewhere),
-    clips every row, sums the members' rows per row index and noises the (B + E, w) sum, and calls
-    :meth:`release`, which scores the extra rows and hands the B image rows back. A record may move each of its
+    Canary j is a record of partition k = j mod K, in slot r = j // K of it, and owns b canary rows
+    (:func:`sanitizer_rows_per_canary`): positions ((k·S + r)·b … (k·S + r)·b + b − 1) of a release of P = K·S·b
+    positions (S = ⌈m / K⌉ slots). The trainer calls :meth:`start_iteration` with the drawn partitions k_1..k_M (a
+    device tensor); the sanitiser asks :meth:`rows` for the members' canary rows (member i: the S·b rows of partition
+    k_i, DIRAC_NORM·C at its included canaries' rows, 0 elsewhere, before clipping; one value wide, since a canary's
+    row holds nothing else), clips every row with the clip its image rows get, sums the members' rows per position
+    (a position belongs to one partition, so no two members share one), noises the P positions with the std of its
+    image release and hands that release to :meth:`release`, which scores it. A record may move each of its
     member's B rows by 2C (the sensitivity 2C·√B the ledger charges per path; efsgd: 2(C1 + C2)·√B); a canary
-    moves its b entries by C each (C·√b, that sensitivity), and nothing else: its rows carry no image gradient, are not fed back
-    (efsgd) and never reach G, so canaries are independent of each other and of the run.
+    moves its b rows by C each (C·√b, that sensitivity), and nothing else: its rows carry no image gradient, are
+    not fed back (efsgd) and never reach G, so canaries are independent of each other and of the run. The canary
+    rows are a release of their own rather than extra rows of the image release: w-wide rows with one non-zero
+    entry each would cost M·S·b·w values an iteration (efsgd's quick audit: 20 members x 1,024 rows x 784).
 
-    The score reads only released values: the sum of canary j's b entries (public positions), over every
-    iteration, whichever partitions it drew; the sampling event is the iteration (rate ``rate``, shared by the
-    paths of one run: ``group``).
+    The score reads only released values: the sum of canary j's b positions, over every iteration, whichever
+    partitions it drew; the sampling event is the iteration (rate ``rate``, shared by the paths of one run:
+    ``group``).
     """
 
     kind = "sanitizer"
@@ -243,83 +245,58 @@ class SanitizerCanaries(Channel):
         cap = max_sanitizer_canaries(k, b, per)
         if m > cap:
             raise DpgenError(f"audit.canaries={m} must be <= K*({ROW_BUDGET}*B // b) = {k}*({ROW_BUDGET}*{b} // {per}) "
-                             f"= {cap} for {name} ({per} extra sanitiser rows per canary, at most {ROW_BUDGET}*B "
+                             f"= {cap} for {name} ({per} sanitiser rows per canary, at most {ROW_BUDGET}*B "
                              "per partition)")
         sensitivity = float(row_sensitivity) * math.sqrt(b)
         # min(): C·√b equals the sensitivity up to rounding, and a canary may not move more than a record
         super().__init__(canaries, name, shift=min(float(clip) * math.sqrt(per), sensitivity),
                          noise_std=float(noise_std), sensitivity=sensitivity, rate=rate, group=group,
-                         where=where or f"{name}: {per} extra sanitiser rows of its partition's member per canary, "
-                                        f"each a Dirac row of norm {DIRAC_NORM:g}*C on the canary's entry before "
-                                        "the per-row clip; never fed back, never reaching G")
+                         where=where or f"{name}: {per} canary rows of its partition's member per canary, each "
+                                        f"{DIRAC_NORM:g}*C before the sanitiser's per-row clip, released with the "
+                                        "sanitiser's noise beside the image rows; never fed back, never reaching G")
         self.per = per
         self.clip, self.partitions, self.rows_per_release = float(clip), k, b
         self.slots = -(-m // k)  # canaries per partition
-        self.block = self.slots * per  # extra rows of one partition block
-        self.width: int | None = None
+        #: P: the canary release's positions, S·b per partition
+        self.size = k * self.slots * per
+        dev = canaries.device
+        j = torch.arange(m, device=dev)
+        offs = torch.arange(per, device=dev)
+        #: (m, b) canary j's positions in the canary release
+        self.entries = (((j % k) * self.slots + j // k) * per).unsqueeze(1) + offs
+        value = canaries.included.to(device=dev, dtype=torch.float32) * (DIRAC_NORM * self.clip)
+        val = torch.zeros((k * self.slots, per), device=dev)
+        val[(j % k) * self.slots + j // k] = value.unsqueeze(1).expand(m, per)
+        #: per partition (K, S·b): its positions (each (partition, slot, row) its own; a slot without a canary gets
+        #: value 0 at a position nothing else uses) and DIRAC_NORM·C values (0 where excluded or absent)
+        self.part_index = torch.arange(self.size, device=dev).view(k, -1)
+        self.part_value = val.view(k, -1)
         self.current: torch.Tensor | None = None
-        self.shape: torch.Size | None = None
-
-    def _layout(self, width: int, device: torch.device) -> None:
-        """Positions once the row width w is known: canary j's b flat indices into the (E, w) extra rows, and per
-        partition the flat indices and DIRAC_NORM·C values (0 where excluded or absent) of its canaries."""
-        k, m, per = self.partitions, self.m, self.per
-        self.width = w = int(width)
-        self.extra = -(-k // w) * self.block
-        j = torch.arange(m, device=device)
-        part, slot = j % k, j // k
-        row0 = (part // w) * self.block + slot * per
-        offs = torch.arange(per, device=device)
-        #: (m, b) flat indices of canary j's entries in the (E, w) extra rows
-        self.entries = (row0.unsqueeze(1) + offs) * w + (part % w).unsqueeze(1)
-        value = self.canaries.included.to(torch.float32) * (DIRAC_NORM * self.clip)
-        #: per partition (K, slots·b): the flat indices of its slots' entries (each (partition, slot, entry) has a
-        #: position of its own, so a slot without a canary gets value 0 at a position nothing else uses)
-        parts, slots = torch.arange(k, device=device).view(k, 1, 1), torch.arange(self.slots, device=device).view(1, -1, 1)
-        idx = ((parts // w) * self.block + slots * per + offs.view(1, 1, per)) * w + parts % w
-        val = torch.zeros((k, self.slots, per), device=device)
-        val[part, slot] = value.unsqueeze(1).expand(m, per)
-        self.part_index, self.part_value = idx.view(k, -1), val.view(k, -1)
 
     def start_iteration(self, k: torch.Tensor) -> None:
         """The iteration drew partitions ``k`` (a device tensor of M ≥ 0 members: no host sync): the last
-        iteration's sampling event closes, and their included canaries enter this iteration's extra rows."""
+        iteration's sampling event closes, and their included canaries enter this iteration's canary rows."""
         self.current = k.reshape(-1)
 
-    def extend(self, rows: torch.Tensor) -> torch.Tensor:
-        """(M·B, ...) rows, member i's B rows after member i-1's → (M·(B + E), w): member i's B rows flattened,
-        then the E extra rows of partition k_i (Dirac entries of its included canaries, before clipping)."""
+    def rows(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """The members' canary rows before clipping, (M·S·b, 1), member i's after member i−1's, and each row's
+        position in the canary release (M·S·b,)."""
         if self.current is None:
             raise RuntimeError(f"audit channel {self.name}: start_iteration(k) was not called")
-        b, members = self.rows_per_release, len(self.current)
-        if rows.shape[0] != members * b:
-            raise RuntimeError(f"audit channel {self.name}: {rows.shape[0]} rows, expected M*B={members}*{b}")
-        flat = rows.flatten(1)
-        if self.width is None:
-            self._layout(flat.shape[1], flat.device)
-        self.shape = torch.Size((b, *rows.shape[1:]))
-        w = self.width
-        # one buffer, the image rows copied in (a concatenation would allocate the large extra block twice)
-        out = torch.zeros(members, b + self.extra, w, dtype=flat.dtype, device=flat.device)
-        out[:, :b] = flat.view(members, b, w)
         # index_select with the device tensor k: indexing by a 0-d tensor would read it back to the host
-        out[:, b:].view(members, self.extra * w).scatter_(1, self.part_index.index_select(0, self.current),
-                                                          self.part_value.index_select(0, self.current).to(flat.dtype))
-        return out.view(members * (b + self.extra), w)
+        values = self.part_value.index_select(0, self.current).reshape(-1, 1).to(dtype)
+        return values, self.part_index.index_select(0, self.current).reshape(-1)
 
     @property
     def rows_per_member(self) -> int:
-        """B + E: a member's rows after :meth:`extend`."""
-        return self.rows_per_release + (self.extra if self.width is not None else 0)
+        """S·b: a member's canary rows (:meth:`rows`)."""
+        return self.slots * self.per
 
-    def release(self, released: torch.Tensor) -> torch.Tensor:
-        """Score the E extra rows of the (B + E, w) release; return its B image rows in the rows' original shape
-        (what goes on to G)."""
-        b = self.rows_per_release
-        extra = released.detach()[b:].reshape(-1).to(self.canaries.score_dtype)
-        x = extra[self.entries].sum(1)  # the canary's b entries, each moved by C when it is in the release
+    def release(self, released: torch.Tensor) -> None:
+        """Score the canary release (P positions: the members' clipped canary rows summed per position, plus the
+        sanitiser's noise)."""
+        x = released.detach().reshape(-1).to(self.canaries.score_dtype)[self.entries].sum(1)
         self.observe_log_ratio((x * self.clip - 0.5 * self.per * self.clip ** 2) / self.score_std ** 2)
-        return released[:b].reshape(self.shape)
 
     @classmethod
     def attach(cls, canaries: Canaries, partitions: int, rows: int, rate: float,
@@ -348,7 +325,7 @@ class SanitizerGroup:
     def start_iteration(self, k: torch.Tensor) -> None:
         """The iteration drew partitions ``k`` (one with the paper's uniform draw, Alg. 1 line 2; any number with
         Poisson sampling): the last iteration's event closes, and every path's canaries of those partitions enter
-        this iteration's extra rows."""
+        this iteration's canary rows."""
         self.group.close()
         for ch in self.channels:
             ch.start_iteration(k)

@@ -8,7 +8,7 @@ family                                 default m          cap
 =====================================  =================  ==========================================================
 DP-SGD (dpgan, feta, dpdm), DPAF       10,000             δ < 1/(N + m) (the canaries are records); 10^6
 G-PATE (Confident-GNMax)               10,000             50,000: two reserved bins per canary in each query
-GS-WGAN family (gswgan, dpac, efsgd)   K·⌊64·B / b⌋       K·⌊256·B / b⌋: b extra sanitiser rows per canary
+GS-WGAN family (gswgan, dpac, efsgd)   K·⌊64·B / b⌋       K·⌊256·B / b⌋: b sanitiser canary rows per canary
                                        (quick: 3,200;     (4B; efsgd 4B(1 + C2/C1)²), at most 256·B per member
                                        efsgd 800)         (quick: 12,800; efsgd 3,200)
 =====================================  =================  ==========================================================
@@ -43,7 +43,7 @@ def ensemble_size(cfg: Any) -> tuple[int, int] | None:
 
 
 def sanitizer_rows(cfg: Any) -> int:
-    """b, the extra sanitiser rows of a GS-WGAN-family canary (:func:`dpgen.audit.hooks.sanitizer_rows_per_canary`
+    """b, the sanitiser rows of a GS-WGAN-family canary (:func:`dpgen.audit.hooks.sanitizer_rows_per_canary`
     for the run's per-row sensitivity: 2C, or efsgd's 2(C1 + C2) with error feedback)."""
     from dpgen.audit.hooks import sanitizer_rows_per_canary
     from dpgen.efsgd.sanitizer import row_sensitivity

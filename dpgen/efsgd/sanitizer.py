@@ -114,26 +114,26 @@ class ErrorFeedbackSanitizer(Sanitizer):
         k, y = self.key if self.key is not None else (None, None)
         return self.update_members(g.unsqueeze(0), k, y)[0]
 
-    def update_members(self, g: torch.Tensor, k: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor:
+    def update_members(self, g: torch.Tensor, k: torch.Tensor | None, y: torch.Tensor | None,
+                       feedback: bool = True) -> torch.Tensor:
         """v = clip(g, C1) + clip(e[k_j, y_i], C2) for every row (j, i) of ``g`` [M, B, ...] (member j, partition
         k_j); e[k_j, y] += member j's mean residual over its class-y rows. Returns v (no noise). Without error
         feedback v = clip(g, C1). In at least fp32, the error states included (called with autocast off by
         :meth:`sanitize_sum`; the states are hidden DP state that clipping must bound exactly). ``last_clipped``,
-        ``last_error_clipped`` and ``last_direction`` keep the M·B rows, member j's after member j−1's."""
+        ``last_error_clipped`` and ``last_direction`` keep the M·B rows, member j's after member j−1's.
+        ``feedback=False`` (an audit's canary rows): clip(g, C1) only, no error state read or written, no diagnostics
+        kept."""
         g = at_least_fp32(g.detach())
         m, b, shape = g.shape[0], g.shape[1], g.shape[2:]
         flat = g.reshape(m * b, *shape)
-        self.last_norms = flat.flatten(1).norm(dim=1)
         clipped = clip_rows(flat, self.clip).reshape(g.shape)
+        if not feedback:
+            return clipped
+        self.last_norms = flat.flatten(1).norm(dim=1)
         self.last_clipped = clipped.reshape(flat.shape)
         if not self.error_feedback:
             self.last_direction = self.last_clipped
             return clipped
-        if y is not None and y.shape[0] < b:  # an audit's canary rows follow the B image rows: clipped, no feedback
-            real = y.shape[0]
-            v = self.update_members(g[:, :real], k, y)
-            self.last_clipped = clipped.reshape(flat.shape)
-            return torch.cat([v, clipped[:, real:]], dim=1)
         k = torch.as_tensor(k, device=g.device).reshape(-1)
         if self.error is None:
             self.error = torch.zeros((self.parts, self.classes, *shape), device=g.device, dtype=g.dtype)
@@ -163,16 +163,24 @@ class ErrorFeedbackSanitizer(Sanitizer):
         only member j's rows, each by at most 2·(C1 + C2)."""
         dtype, (m, b), shape = g.dtype, g.shape[:2], g.shape[2:]
         with full_precision():
-            g = at_least_fp32(g).reshape(m * b, *shape)
-            g = g if self.audit is None else self.audit.extend(g)  # the canaries' rows, before the clip
-            per = b if self.audit is None else self.audit.rows_per_member
-            v = self.update_members(g.reshape(m, per, *g.shape[1:]), k, y).sum(0)
-            noise = gaussian_noise(v.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
-                                   mechanism="error-feedback sanitizer noise")
-            self.last_signal, self.last_release = v.detach(), (v + noise).detach()
+            g = at_least_fp32(g)
+            v = self.update_members(g, k, y).sum(0)
+            release = self._noisy(v)
+            self.last_signal, self.last_release = v.detach(), release.detach()
             self.calls += 1
-            release = v + noise if self.audit is None else self.audit.release(v + noise)  # scored; image part to G
+            if self.audit is not None:  # the canaries' rows: clipped to C1 (no feedback), summed, noised, scored
+                canary_rows, positions = self.audit.rows(g.dtype)
+                per = self.audit.rows_per_member
+                clipped = self.update_members(canary_rows.view(m, per, 1), k, None, feedback=False)
+                self.audit.release(self._noisy(clipped.new_zeros(self.audit.size).index_add_(
+                    0, positions, clipped.reshape(-1))))
             return (self.weight * release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
+
+    def _noisy(self, v: torch.Tensor) -> torch.Tensor:
+        """v + N(0, noise_std² I), one draw from the secret stream: the release of Eq. 7–11."""
+        noise = gaussian_noise(v.shape, self.noise_std, self.generator, device=v.device, dtype=v.dtype,
+                               mechanism="error-feedback sanitizer noise")
+        return v + noise
 
     def state_dict(self) -> dict:
         return {"error": self.error}

@@ -71,22 +71,34 @@ class Sanitizer:
         with full_precision():
             g = at_least_fp32(g).reshape(m * b, *shape)
             rows = g if self.basis is None else g.flatten(1) @ self.basis
-            rows = rows if self.audit is None else self.audit.extend(rows)  # the canaries' rows, before the clip
-            # a member's rows: its B images', then an audit's extra rows
-            images, b = b, b if self.audit is None else self.audit.rows_per_member
             self.last_norms = rows.detach().flatten(1).norm(dim=1)
-            clipped = clip_rows(rows, self.clip)
-            signal = clipped.reshape(m, b, *rows.shape[1:]).sum(0)
-            noise = gaussian_noise(signal.shape, self.noise_std, self.generator, device=g.device, dtype=g.dtype,
-                                   mechanism="sanitizer noise")
-            release = signal + noise
+            clipped, signal, release = self._release(rows, (m, b))
             self.last_clipped, self.last_signal = clipped.detach(), signal.detach()
             self.last_release = release.detach()
             self.calls += 1
-            release = release if self.audit is None else self.audit.release(release)  # scored; image part to G
+            if self.audit is not None:  # the canaries' rows: clipped, summed and noised alike, then scored
+                canary_rows, positions = self.audit.rows(rows.dtype)
+                self.audit.release(self._release(canary_rows, (m, self.audit.rows_per_member), positions,
+                                                 self.audit.size)[2])
             if self.basis is not None:
                 release = release @ self.basis.T
-            return (release.reshape(images, *shape) / (float(scale) * images)).to(dtype)
+            return (release.reshape(b, *shape) / (float(scale) * b)).to(dtype)
+
+    def _release(self, rows: torch.Tensor, members: tuple[int, int], positions: torch.Tensor | None = None,
+                 size: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Eq. (5) on the rows of ``members`` = (M, B) members (member j's B rows after member j−1's): every row
+        clipped to ``clip``, the members' clipped rows summed per row index (``positions``: summed into a vector of
+        ``size`` by each row's position, an audit's canary rows), one Gaussian N(0, noise_std² I) added. Returns
+        (clipped, signal, release)."""
+        clipped = clip_rows(rows, self.clip)
+        if positions is None:
+            signal = clipped.reshape(*members, *rows.shape[1:]).sum(0)
+        else:
+            signal = clipped.new_zeros(size).index_add_(0, positions, clipped.reshape(-1))
+        noise = gaussian_noise(signal.shape, self.noise_std, self.generator, device=rows.device, dtype=rows.dtype,
+                               mechanism="sanitizer noise")
+        release = signal + noise
+        return clipped, signal, release
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Identity in the forward pass; the backward pass of the returned tensor is sanitised."""
