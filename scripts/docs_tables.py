@@ -444,8 +444,9 @@ def stale_plot(path: Path | None = None) -> list[str]:
     return []
 
 
-def sweep_jobs() -> list[tuple[str, tuple[str, str | None], int, int]]:
-    """(experiment, (method, variant), jobs as configured, jobs with the fewest draws) of each method of the sweep."""
+def sweep_jobs() -> list[tuple[str, tuple[str, str | None], list[float], int]]:
+    """(experiment, (method, variant), the ε of its jobs, one per job as configured, jobs with the fewest draws) of
+    each method of the sweep."""
     out = []
     for name in SWEEP:
         doc = yaml.safe_load((ROOT / "configs" / "experiment" / f"{name}.yaml").read_text(encoding="utf-8"))
@@ -454,30 +455,39 @@ def sweep_jobs() -> list[tuple[str, tuple[str, str | None], int, int]]:
         fewest = sum(MANY_DRAWS if e in MANY_DRAWS_EPS else 1 for e in eps)
         central = params.get("feta.central", ["mean"])[0]
         for method in params["method"]:
-            out.append((name, (method, central if method == "feta" else None), len(eps) * len(params["seed"]), fewest))
+            out.append((name, (method, central if method == "feta" else None), eps * len(params["seed"]), fewest))
     return out
 
 
 def block_results_sweep() -> list[str]:
-    """results.md: the summary's sweep, method by method, and how long it takes on the CPU the draws ran on: a job
-    takes the mean train s of its method's current F-MNIST quick draws (any ε and accounting: a quick profile fixes
-    its step count), and the jobs run as many at a time as the local launcher's workers, as the draws did."""
+    """results.md: the summary's sweep, method by method, and how long it takes on the CPU the draws ran on. A job at
+    ε takes the mean train s of its method's current F-MNIST quick draws at that ε (a profile may size its run by ε,
+    as gpate's does), else at any ε (the other quick profiles fix their step count); the jobs run as many at a time
+    as the local launcher's workers, as the draws did."""
     workers = int(yaml.safe_load(LAUNCHER.read_text(encoding="utf-8"))["hydra"]["launcher"]["n_jobs"])
-    times: dict[tuple[str, str | None], list[float]] = {}
+    times: dict[tuple[str, str | None], dict[float, list[float]]] = {}
     for r in current(utility_rows()):
         if r.profile == "quick" and r.dataset == "fmnist" and not r.get("setting"):
-            times.setdefault((r.method, r.get("variant")), []).extend(
+            times.setdefault((r.method, r.get("variant")), {}).setdefault(float(r.eps), []).extend(
                 float(d["train_s"]) for d in r.draws if d.get("train_s") is not None)
     body, full_s, fewest_s, full_n, fewest_n = [], 0.0, 0.0, 0, 0
-    for name, key, n_full, n_fewest in sweep_jobs():
-        if not times.get(key):
+    for name, key, jobs, n_fewest in sweep_jobs():
+        by_eps = {e: t for e, t in times.get(key, {}).items() if t}
+        if not by_eps:
             raise ValueError(f"docs/data/utility.yaml: no current quick F-MNIST draw of {method_label(*key)} "
                              "with train_s, to time the sweep by")
-        t = Stats(times[key])
-        full_s, fewest_s = full_s + n_full * t.mean, fewest_s + n_fewest * t.mean
+        anywhere = Stats([t for ts in by_eps.values() for t in ts]).mean
+        job_s = {e: Stats(by_eps[e]).mean if e in by_eps else anywhere for e in set(jobs)}
+        n_full = len(jobs)
+        full = sum(job_s[e] for e in jobs)
+        once = {e: MANY_DRAWS if e in MANY_DRAWS_EPS else 1 for e in set(jobs)}
+        fewest = sum(job_s[e] * k for e, k in once.items())
+        assert sum(once.values()) == n_fewest
+        full_s, fewest_s = full_s + full, fewest_s + fewest
         full_n, fewest_n = full_n + n_full, fewest_n + n_fewest
-        body.append([f"`{name}`", method_label(*key), f"{t.mean:.0f} ({t.n})", str(n_full),
-                     f"{n_full * t.mean / 3600:.1f}", str(n_fewest), f"{n_fewest * t.mean / 3600:.1f}"])
+        draws = sum(len(t) for t in by_eps.values())
+        body.append([f"`{name}`", method_label(*key), f"{full / n_full:.0f} ({draws})", str(n_full),
+                     f"{full / 3600:.1f}", str(n_fewest), f"{fewest / 3600:.1f}"])
     body.append(["", "all", "", str(full_n), f"{full_s / 3600:.1f}", str(fewest_n), f"{fewest_s / 3600:.1f}"])
     return table(["experiment", "method", "train s per job (draws)", "jobs", "jobs' h", "jobs, fewest draws",
                   "jobs' h, fewest draws"], body) + [

@@ -120,6 +120,33 @@ def test_dpgan_with_eps_dependent_iterations_and_batch_meets_each_target():
     assert [p[:2] for p in planned.values()] == [(300, 128), (800, 128), (800, 256), (1500, 256)]
 
 
+def test_gpate_quick_profile_meets_each_target_with_its_eps_dependent_sizes():
+    """The quick profile's own ε table (configs/method/gpate.yaml): teachers, iterations and proj_dim per ε, the
+    ledger meeting each target with every planned query, and σ2 against the teacher count kept near ε=10's ratio
+    (a vote's top count is at most n: with 400 teachers at ε=1, σ2 ≈ 886 > n and the argmax reads noise)."""
+    from dpgen.gpate.train import ENTRY, calibrate_sigmas, query_noise, resolve_hparams
+
+    sizes = {}
+    for eps in SWEEP:
+        cfg = _compose("method=gpate", "dataset=fmnist", f"eps={eps}")
+        ledger = _ledger(cfg)
+        plan = resolve_hparams(cfg.gpate, float(eps), N_FMNIST, SHAPE)
+        queries_per_iter, iters = plan["batch"] * plan["k"], int(cfg.gpate.iters)
+        plan["sigma1"], plan["sigma2"] = calibrate_sigmas(ledger, plan["sigma_ratio"], iters * queries_per_iter,
+                                                          threshold=plan["threshold"] is not None)
+        nm = query_noise(plan)
+        assert ledger.budget_guard(ENTRY, nm).remaining // queries_per_iter >= iters, eps  # no iteration is cut
+        ledger.record(ENTRY, nm, count=iters * queries_per_iter)
+        spent = ledger.epsilon()
+        assert spent <= float(eps) and spent > 0.95 * float(eps), (eps, spent)
+        assert 0.25 < plan["sigma2"] / plan["teachers"] < 0.4, (eps, plan["sigma2"], plan["teachers"])
+        sizes[eps] = (plan["teachers"], iters, plan["k"], plan["batch"])
+    assert sizes == {"1": (2000, 150, 20, 4), "2": (1000, 300, 10, 4), "5": (600, 600, 10, 4), "10": (400, 600, 10, 4)}
+    for other in ("dataset=digits", "profile=paper"):  # the table is the quick F-MNIST-sized profile's only
+        cfg = _compose("method=gpate", other, "eps=1")
+        assert (cfg.gpate.teachers, cfg.gpate.proj_dim) == ((20, 10) if other == "dataset=digits" else (None, 10))
+
+
 def test_gpate_with_eps_dependent_teachers_and_iterations_meets_each_target():
     from dpgen.gpate.train import ENTRY, calibrate_sigmas, query_noise, resolve_hparams
 

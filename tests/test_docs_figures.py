@@ -105,8 +105,8 @@ def test_the_summary_is_one_row_per_method_and_one_column_per_eps(tiny_data):
 
 
 def test_the_sweeps_time_is_its_jobs_times_their_methods_mean_train_s(tiny_data, monkeypatch):
-    assert {(name, key): (n, fewest) for name, key, n, fewest in dt.sweep_jobs()}[("eps_sweep", ("feta", "mean"))] \
-        == (15, 9)  # 5 eps x 3 seeds; three draws at eps 1 and 10, one at 2, 5 and inf
+    assert {(name, key): (len(jobs), fewest) for name, key, jobs, fewest in dt.sweep_jobs()}[
+        ("eps_sweep", ("feta", "mean"))] == (15, 9)  # 5 eps x 3 seeds; three draws at eps 1 and 10, one at 2, 5 and inf
     with pytest.raises(ValueError, match="no current quick F-MNIST draw of dpgan"):
         dt.block_results_sweep()
     for method in ("dpgan", "dpac", "efsgd", "gpate", "dpaf", "dpdm"):
@@ -118,6 +118,11 @@ def test_the_sweeps_time_is_its_jobs_times_their_methods_mean_train_s(tiny_data,
     # 2 x 1 h + 6 x 0.5 h + 1.5 h = 6.5 h per cell: 15 cells 97.5 h, 9 cells 58.5 h, two jobs at a time
     assert "|  | all |  | 135 | 97.5 | 81 | 58.5 |" in out
     assert out[-1].startswith("2 jobs at a time: 97.5 h / 2 = **48.8 h** as configured, 58.5 h / 2 = **29.2 h**")
+    # a profile sized by eps: a job at an eps with draws takes their mean, the others the mean over every eps
+    tiny_data.append(_row("g1", "gpate", 1, "sound", [0.3, 0.3], train_s=5400))
+    out = dt.block_results_sweep()
+    # eps 1: 5400 s and eps 10: 1800 s (their own draws); eps 2, 5 and inf: (1800 + 2 x 5400) / 3 = 4200 s
+    assert "| `eps_sweep` | gpate | 3960 (3) | 15 | 16.5 | 9 | 9.5 |" in out
 
 
 def test_utility_rows_are_well_formed_and_their_commands_compose():
