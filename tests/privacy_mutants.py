@@ -497,6 +497,17 @@ MUTANTS: list[Mutant] = [
            "\n    idx = parts.sample((members + 1) % k, b, g)\n",
            ("tests/test_dpac_isolation.py::test_one_record_changes_only_its_own_partitions_states[gswgan_refresh]",),
            "refresh_chunk: D_j's extra critic step reads partition j+1"),
+    # -- profiles sized by the target ε (by_eps): a boundary or a size that no longer fits its ε ------------------
+    Mutant('by_eps.boundary_strict', 'dpgen/core/config.py',
+           'if target <= bound:',
+           'if target < bound:',
+           ('tests/test_by_eps.py::test_the_smallest_key_at_or_above_eps_applies',),
+           'eps=1 gets the settings of the next larger key, not of "eps <= 1"'),
+    Mutant('by_eps.gpate_eps1_teachers', 'configs/method/gpate.yaml',
+           '${by_eps:{1: 2000, 2: 1000, 5: 600, default: 400}}',
+           '${by_eps:{1: 400, 2: 1000, 5: 600, default: 400}}',
+           ('tests/test_by_eps.py::test_gpate_quick_profile_meets_each_target_with_its_eps_dependent_sizes',),
+           "gpate's eps <= 1 teacher count back to 400: sigma2 far above what 400 votes can beat"),
     # -- the accounting stack (dpgen/privacy: events, accountants, calibrate, budget) ---------------------------
     Mutant("privacy.sigma_eff_least_noisy", "dpgen/privacy/events.py",
            "        return math.fsum(z ** -2 for z in self.noise_multipliers) ** -0.5",
