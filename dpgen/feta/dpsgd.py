@@ -223,6 +223,17 @@ def set_noisy_grads(params: list[torch.nn.Parameter], sums: list[torch.Tensor], 
         p.grad = (s + noise) / expected_batch
 
 
+def signal_to_noise(sums: list[torch.Tensor], sigma: float, clip: float) -> torch.Tensor:
+    """‖Σ clipped per-record gradients‖ / (σ·C·√d): one step's summed signal against the expected norm of its
+    noise N(0, σ²C²I_d) (d: the coordinates noised). A tensor on the device, read only when logged (no sync);
+    inf without noise (eps=inf)."""
+    signal = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s.detach().float()) for s in sums]))
+    d = sum(s.numel() for s in sums)
+    if sigma <= 0:
+        return torch.full_like(signal, float("inf"))
+    return signal / (float(sigma) * float(clip) * d ** 0.5)
+
+
 def micro_batch_for(denoiser: torch.nn.Module, micro_batch: int | None, multiplicity: int, shape: list[int],
                     expected_batch: int, device: torch.device) -> int:
     """Records per micro-batch: ``micro_batch`` as given, or (None) the largest power of two whose K-fold

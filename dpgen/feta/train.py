@@ -20,7 +20,7 @@ from dpgen.feta.augment import AugmentBag
 from dpgen.feta.central import query_central
 from dpgen.core.compile import compile_enabled
 from dpgen.feta.dpsgd import (GRAD_BACKENDS, MicroStep, canary_sum, clipped_grad_sum, clipped_grad_sum_func,
-                              micro_batch_for, set_noisy_grads)
+                              micro_batch_for, set_noisy_grads, signal_to_noise)
 from dpgen.feta.generator import FetaGenerator
 from dpgen.nets.edm import edm_loss
 from dpgen.privacy import LedgerEntry, PrivacyLedger, calibrate_noise_multiplier
@@ -185,6 +185,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
                                                micro, gens["loss"], run.dist, step=micro_step)
         else:
             sums, loss = clipped_grad_sum(gsm, loss_fn, xb, yb, int(hp.multiplicity), float(hp.clip), micro)
+        snr = signal_to_noise(sums, sigma, float(hp.clip))  # the model's coordinates only, before any canary
         if canaries is not None:
             sums.append(canary_sum(canaries, float(hp.clip)))
         set_noisy_grads(params, sums, sigma, float(hp.clip), q * n, gens["noise"])
@@ -195,7 +196,7 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
         guard.step()
         ema_update(ema, model, ema_decay)
         step += 1
-        run.step_done(step, {"loss": loss, "batch": float(len(idx))}, snapshot)
+        run.step_done(step, {"loss": loss, "batch": float(len(idx)), "snr": snr}, snapshot)
     if gsm is not None:
         gsm.remove_hooks()
     run.finish(step, snapshot())
