@@ -264,6 +264,10 @@ def test_ledger_entries_cover_every_sanitised_path(tmp_path, monkeypatch, recon,
             made.append(self)
 
     monkeypatch.setattr(tr, "ErrorFeedbackSanitizer", Spy)
+    # a fixed secret stream: with OS entropy, a draw whose Poisson partitions leave D's error state at zero
+    # failed the last assertion now and then
+    from dpgen.privacy import randomness
+    monkeypatch.setattr(randomness, "secrets", type("FixedSecrets", (), {"randbits": staticmethod(lambda k: 20261130)}))
     private = code == "private"
     extra = {"sampling": "uniform"} if private else {}
     gen, ledger, run = run_tiny(tmp_path, accounting="paper" if private else "sound", recon=recon, clip=0.01,
