@@ -178,6 +178,21 @@ def test_no_weight_gradient_is_computed_and_nothing_reaches_grad():
     assert all(p.grad is None for p in net.parameters())
 
 
+@pytest.mark.parametrize("how", HOWS)
+def test_no_autograd_graph_runs_through_the_norms_or_the_clipped_sum(how):
+    """The reductions run without autograd: a graph through them would keep every layer's patches and Gram inputs
+    alive as long as the norms, and as long as the gradients the clipped sum is written into (about half the
+    reduction's peak memory for feta's paper UNet at K = 32, docs/performance.md)."""
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    x, y = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
+    factor = torch.rand(6, requires_grad=True)  # a factor that carries a graph must not pass it on either
+    rec = GhostClipper(d, _force(how)).record(lambda: d(x, y))
+    assert not rec.sq_norms.requires_grad and not rec.norms.requires_grad
+    assert all(not part.sq.requires_grad for _, part in rec.parts)
+    assert all(not s.requires_grad for s in rec.clipped_sum(factor))
+
+
 def test_unsupported_layers_and_inplace_outputs_are_refused():
     with pytest.raises(ValueError, match=r"layer 1 \(BatchNorm2d\).*no ghost-norm rule"):
         GhostClipper(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))

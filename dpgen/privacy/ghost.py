@@ -280,7 +280,7 @@ class Recorded:
     def clipped_sum(self, factor: torch.Tensor) -> list[torch.Tensor]:
         """Σ_i factor_i · ∇_θ loss_i for every trainable parameter (in ``module.parameters()`` order), fp32 with
         autocast off (book-keeping: no second backward)."""
-        with full_precision():
+        with full_precision(), torch.no_grad():
             c = factor.to(torch.float32)
             sums = {id(p): part.weighted(c) for p, part in self.parts}
             return [sums[id(p)].reshape(p.shape).to(p.dtype) for p in self.params]
@@ -338,7 +338,9 @@ class GhostClipper:
         grads = iter(torch.autograd.grad(losses.sum(), outputs, allow_unused=True) if outputs else ())
         records = losses.shape[0]
         parts: list[tuple[nn.Parameter, _Part]] = []
-        with full_precision():
+        # no autograd graph through the reductions: nothing differentiates a norm or a clipped sum, and a graph would
+        # keep every layer's patches and Gram inputs alive with the Recorded (and with the gradients it sums into)
+        with full_precision(), torch.no_grad():
             for m in self.layers:
                 pairs = [(x, torch.zeros_like(z) if g is None else g) for (x, z, _, _), g in zip(calls[m], grads)]
                 if pairs:
