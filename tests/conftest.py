@@ -1,7 +1,10 @@
 """Shared helpers: run the real CLI scripts in a subprocess, in a scratch working directory."""
 from __future__ import annotations
 
+import hashlib
 import os
+import random
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +73,53 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_addoption(parser) -> None:
     parser.addoption("--unmarked-limit", type=float, default=30.0, metavar="SECONDS",
                      help="list the tests not marked slow that took longer than this (setup + call + teardown)")
+    parser.addoption("--entropy-seed", type=int, default=None, metavar="N",
+                     help="replay a run's secret randomness in this process's tests (the seed the header printed)")
+
+
+#: the session's entropy seed, chosen by the controller and inherited by the xdist workers (test processes only:
+#: dpgen itself never reads it, so a CLI subprocess still seeds its secret streams from OS entropy)
+ENTROPY_ENV = "DPGEN_TEST_ENTROPY_SEED"
+
+
+def pytest_configure(config) -> None:
+    seed = config.getoption("entropy_seed")
+    if seed is None and ENTROPY_ENV not in os.environ:
+        seed = secrets.randbits(32)
+    if seed is not None:
+        os.environ[ENTROPY_ENV] = str(seed)
+
+
+def pytest_report_header(config) -> str:
+    return f"secret randomness of in-process tests: --entropy-seed {os.environ[ENTROPY_ENV]} replays it"
+
+
+class ReplayableEntropy:
+    """Stands in for the ``secrets`` module where dpgen seeds its secret streams (``randbits``, ``token_hex``), in
+    this process only: every test still draws fresh secret randomness each session, and a failure that depends on
+    the draw is replayed with the ``--entropy-seed`` the header printed. Seeded per test (session seed and node
+    id), so a test's draws do not depend on which tests its xdist worker ran before it."""
+
+    def __init__(self, seed: str) -> None:
+        self._rng = random.Random(hashlib.blake2b(seed.encode(), digest_size=16).digest())
+
+    def randbits(self, k: int) -> int:
+        return self._rng.getrandbits(k)
+
+    def token_hex(self, nbytes: int = 32) -> str:
+        return self._rng.getrandbits(8 * nbytes).to_bytes(nbytes, "big").hex()
+
+
+@pytest.fixture(autouse=True)
+def replayable_entropy(request, monkeypatch) -> None:
+    """Every in-process test's secret streams come from :class:`ReplayableEntropy` (a test that patches
+    ``secrets`` itself patches over this)."""
+    from dpgen.core import run, streams
+    from dpgen.privacy import randomness
+
+    entropy = ReplayableEntropy(f"{os.environ[ENTROPY_ENV]}:{request.node.nodeid}")
+    for module in (randomness, streams, run):
+        monkeypatch.setattr(module, "secrets", entropy)
 
 
 _seconds: dict[str, float] = {}
@@ -85,7 +135,10 @@ def pytest_runtest_logreport(report) -> None:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """A test over ``--unmarked-limit`` that is not ``@pytest.mark.slow`` is reported, not failed: a timing under
-    load would make the suite flaky. ``make test`` must not list any on an idle machine."""
+    load would make the suite flaky. ``make test`` must not list any on an idle machine. After a failure, the
+    entropy seed that replays the in-process tests' secret draws."""
+    if exitstatus not in (0, 5):  # a failure may depend on the secret draws: say how to replay them (-q hides the header)
+        terminalreporter.write_line(pytest_report_header(config))
     limit = config.getoption("unmarked_limit")
     over = sorted(((s, n) for n, s in _seconds.items() if s > limit and n not in _marked_slow), reverse=True)
     if over:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def test_public_streams_follow_the_seed_and_secret_streams_do_not():
     assert not torch.equal(_draw(a.public("init")), _draw(a.public("fake")))  # names are independent streams
     assert not torch.equal(_draw(a.secret("noise")), _draw(b.secret("noise")))  # OS entropy, whatever the seed
     assert isinstance(a.secret("noise"), SecretGenerator) and not isinstance(a.public("init"), SecretGenerator)
+
+
+def test_in_process_tests_replay_their_secret_draws_from_the_sessions_entropy_seed(request):
+    """tests/conftest.py: an in-process test's secret streams are drawn afresh every session (its entropy seed) and
+    replayed by the ``--entropy-seed`` a failing session prints; draw by draw they stay distinct (the test above)."""
+    from conftest import ENTROPY_ENV, ReplayableEntropy
+
+    replay = ReplayableEntropy(f"{os.environ[ENTROPY_ENV]}:{request.node.nodeid}")
+    assert RandomStreams(CPU, 0).state_dict()["root"] == replay.token_hex(32)
+    assert secret_generator().initial_seed() == replay.randbits(63)
+    other = ReplayableEntropy(f"{int(os.environ[ENTROPY_ENV]) + 1}:{request.node.nodeid}")
+    assert other.randbits(63) != ReplayableEntropy(f"{os.environ[ENTROPY_ENV]}:{request.node.nodeid}").randbits(63)
 
 
 def test_a_fixed_root_reproduces_the_secret_streams_and_nothing_else_does():
