@@ -27,7 +27,10 @@ thread): time the other jobs take from this one is not counted, what they take f
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
         [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper]
-        [--backends hooks,torch.func,ghost] [--cpu-time]
+        [--backends hooks,torch.func,ghost] [--cpu-time] [--faults]
+
+``--faults`` adds a line per network with each step's minor page faults (CPU, ``getrusage``): memory the allocator
+maps afresh every step, whose first touch costs a fault per page (glibc returns large freed blocks to the system).
 
 ``--kernels N`` names what a private step adds: torch.profiler over one non-private and one private (hooks)
 step, then the N operators whose self time grows most from the first to the second (CPU operators on a CPU,
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import time
 import warnings
 
@@ -308,6 +312,7 @@ def main() -> None:
                     help=f"the private steps to time, a subset of {','.join(BACKENDS)} (--compile adds compiled)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="also print the ratios of the steps' thread CPU time (CPU, --threads 1 only)")
+    ap.add_argument("--faults", action="store_true", help="also print each step's minor page faults (CPU)")
     a = ap.parse_args()
     chosen = tuple(b for b in a.backends.split(",") if b)
     if not chosen or set(chosen) - set(BACKENDS):
@@ -332,6 +337,7 @@ def main() -> None:
         steps = make_steps(bench, batch, a.compile, chosen)
         times: dict[str, list[float]] = {k: [] for k in steps}
         cpu: dict[str, list[float]] = {k: [] for k in steps}
+        faults: dict[str, int] = {k: 0 for k in steps}
         failed: dict[str, str] = {}
         for k, fn in steps.items():  # warm-up (compiles; finds unsupported backends)
             try:
@@ -344,11 +350,13 @@ def main() -> None:
                 if k in failed:
                     continue
                 _sync(device)
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0, c0 = time.perf_counter(), time.thread_time()
                 fn()
                 _sync(device)
                 times[k].append(time.perf_counter() - t0)
                 cpu[k].append(time.thread_time() - c0)
+                faults[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items() if v}
         base = med["non-private"]
         cells = []
@@ -358,6 +366,9 @@ def main() -> None:
         print(f"{name:<10} {n_params:>8} {base * 1e3:>15.1f} " + " ".join(cells) + f"  {fastest}")
         if a.cpu_time:
             print(f"  {name} thread CPU time: " + cpu_ratios(cpu))
+        if a.faults:
+            print(f"  {name} minor page faults per step: " + ", ".join(f"{k} {faults[k] / a.reps:.0f}"
+                                                                     for k in steps if k not in failed))
         if "compiled" in med and "non-private compiled" in med:
             c = med["non-private compiled"]
             print(f"  {name} compile=true: non-private {c * 1e3:.1f} ms, private {med['compiled'] * 1e3:.1f} ms, "

@@ -46,3 +46,19 @@ def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread)
     ref = torch.sqrt(sum(grads[n].flatten(1).pow(2).sum(1) for n in names))
     torch.testing.assert_close(rec.norms, ref, rtol=1e-5, atol=0)
     assert set(bench.make_steps(net, batch, backends=("ghost",))) == {"non-private", "ghost"}
+
+
+def test_faults_prints_each_steps_minor_page_faults(monkeypatch, capsys, one_torch_thread):
+    monkeypatch.setattr("sys.argv", ["dpsgd_overhead.py", "--nets", "dpgan_D", "--batch", "4", "--reps", "2",
+                                     "--backends", "ghost", "--faults"])
+    bench.main()
+    line = next(l for l in capsys.readouterr().out.splitlines() if "minor page faults per step" in l)
+    assert "non-private " in line and "ghost " in line
+
+
+def test_ghost_memory_measures_a_steps_peak_above_the_start(one_torch_thread):
+    spec = importlib.util.spec_from_file_location("ghost_memory", Path(__file__).parents[1] / "bench" / "ghost_memory.py")
+    mem = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mem)
+    r = mem.measure("feta_unet", batch=2, k=3, unet="quick", reps=1)
+    assert r["rows"] == 6 and r["peak_mib"] >= r["before_mib"] > 0 and r["step_mib"] >= 0
