@@ -17,6 +17,10 @@ that issued it (the innermost ``dpgen`` frame of the Python stack):
 * ``global-rng``: a random draw inside a step without ``generator=`` (not the run's seeded streams).
 * ``restored-off-device`` (resume only, see :func:`checkpoint_tensors_marked`): a tensor restored from a
   checkpoint used in computation before it was moved to the run's device.
+* ``graph-in-grad``: an optimizer steps on a parameter whose ``.grad`` carries an autograd graph (it has a
+  ``grad_fn``). The graph, and every activation it saved, stays alive until the next step replaces the gradient:
+  one step's forward held in memory for nothing. Checked everywhere (setup too), at the ``dpgen`` frame that
+  called the optimizer.
 
 A "training step" is the code between two ``Run.step_done`` calls (after ``Run.start``); the logging and
 checkpointing inside ``Run.step_done`` / ``Run.finish`` are not counted (they happen every ``log_every`` /
@@ -62,7 +66,8 @@ _EXEMPT_ORIGINS = (TORCH_DIR + "optim" + os.sep,)
 #: code whose operations are attributed (dpgen; a harness test adds its own toy file)
 ROOTS: list[str] = [DPGEN_DIR]
 
-KINDS = ("generator-without-device", "factory-without-device", "sync", "global-rng", "restored-off-device")
+KINDS = ("generator-without-device", "factory-without-device", "sync", "global-rng", "restored-off-device",
+         "graph-in-grad")
 
 
 @dataclass(frozen=True)
@@ -268,6 +273,16 @@ class _Recorder:
         (self.current if self.in_step else self.report.setup)[v] += 1
         return direct
 
+    def add_at_site(self, kind: str, op: str) -> None:
+        """Record a violation of ``kind`` at the innermost dpgen frame, whatever library code lies in between
+        (an optimizer's step is called by dpgen but runs in torch.optim, whose origin is exempt from ``add``)."""
+        if self.paused:
+            return
+        site, origin, _ = locate()
+        if site is not None:
+            v = Violation(kind, site, op, "" if origin == site else (origin or ""))
+            (self.current if self.in_step else self.report.setup)[v] += 1
+
     # Run hooks
     def start(self) -> None:
         self.in_step, self.current = True, Counter()
@@ -384,13 +399,23 @@ def _run_hooks(rec: _Recorder) -> Iterator[None]:
     def save(obj, path, *a, **k):  # checkpoints hold plain tensors (they are loaded with weights_only=True)
         return orig_save(_plain(obj), path, *a, **k)
 
+    def graph_in_grad(opt, args, kwargs) -> None:
+        if any(p.grad is not None and p.grad.grad_fn is not None for g in opt.param_groups for p in g["params"]):
+            rec.add_at_site("graph-in-grad", f"{type(opt).__name__}.step")
+
     patches = [mock.patch.object(run_mod, "atomic_save", save)] + [
         mock.patch.object(Run, name, fn) for name, fn in (("start", start), ("step_done", step_done), ("finish", finish),
                                                           ("close", close), ("rng", rng))]
-    with ExitStack() as stack:
-        for p in patches:
-            stack.enter_context(p)
-        yield
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    hook = register_optimizer_step_pre_hook(graph_in_grad)
+    try:
+        with ExitStack() as stack:
+            for p in patches:
+                stack.enter_context(p)
+            yield
+    finally:
+        hook.remove()
 
 
 @contextmanager

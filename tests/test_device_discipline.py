@@ -3,7 +3,8 @@
 Every method trains a few tiny steps, stops (debug.stop_after) and resumes under ``tests/discipline.py``'s
 function/dispatch modes: a random factory given a run generator but no ``device=``, a tensor factory
 without ``device=`` inside a step, more host syncs per step than the method's budget, a draw from the global
-RNG inside a step, and a restored checkpoint tensor used before it is placed on the run's device all fail.
+RNG inside a step, a restored checkpoint tensor used before it is placed on the run's device, and an optimizer
+step on a gradient that carries an autograd graph all fail.
 The first tests check the harness itself on toy loops (each rule fires at the right file:line, and stays
 silent on the right code). ``pytest -s`` prints every method's report.
 """
@@ -128,6 +129,8 @@ def _toy(run, variant: str) -> None:
     dev, g = run.device, run.rng("toy")
     host_g = torch.Generator().manual_seed(0)  # a CPU generator on purpose
     w = torch.zeros(3, device=dev)
+    net = torch.nn.Linear(3, 1).to(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
     if variant == "bad":
         torch.randn(2, generator=g)  # SETUP-GEN
     torch.zeros(2)  # SETUP-ZEROS (harmless in setup: not counted)
@@ -145,7 +148,15 @@ def _toy(run, variant: str) -> None:
             y = x.clone().requires_grad_(True)
             y.register_hook(lambda grad: grad * float(grad.sum()))  # HOOK
             (y * 2).sum().backward()
+        elif variant == "graph":
+            scale = x.sum().requires_grad_(True)
+            for p in net.parameters():
+                p.grad = p.detach() * scale  # a gradient that carries a graph (scale's)
+            opt.step()  # GRAPH
         elif variant == "fine":
+            net(x[None]).sum().backward()
+            opt.step()  # a gradient from backward() has no graph
+            opt.zero_grad()
             u = torch.randperm(5, generator=host_g)  # host tensor on purpose: no device needed
             u.tolist(), int(torch.randint(3, (1,), generator=host_g)), x.cpu().numpy()  # CPU
             torch.nn.functional.one_hot(torch.tensor([1, 2], device=dev), 4)
@@ -183,6 +194,12 @@ def test_harness_sees_syncs_inside_backward_hooks(tmp_path):
     r = _watch_toy(tmp_path, "hook")
     assert r.syncs_per_step() == [1, 1, 1]
     assert {v.site for v in r.all()} == {_line("HOOK")}
+
+
+def test_harness_sees_an_optimizer_step_on_a_gradient_that_carries_a_graph(tmp_path):
+    r = _watch_toy(tmp_path, "graph")
+    assert {(v.kind, v.site, v.op): n for v, n in r.all().items()} == {("graph-in-grad", _line("GRAPH"), "SGD.step"): 3}
+    assert r.problems(0)
 
 
 def test_harness_is_silent_on_disciplined_code(tmp_path):
