@@ -178,6 +178,41 @@ def test_no_weight_gradient_is_computed_and_nothing_reaches_grad():
     assert all(p.grad is None for p in net.parameters())
 
 
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("how", HOWS)
+def test_a_clippers_reused_buffers_carry_nothing_from_one_batch_to_the_next(how, k):
+    """Batch after batch through one clipper (its padded inputs, patches and per-record gradients in buffers kept
+    between batches): the norms and clipped sums of a fresh clipper, bit for bit, also when the batch shrinks;
+    the buffers are the same tensors from the second batch on (no new memory per step)."""
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    g = torch.Generator().manual_seed(4)
+    clipper = GhostClipper(d, _force(how))
+    kept = None
+    for records in (6, 6, 4):
+        x, y = torch.rand(records * k, 1, 28, 28, generator=g), torch.randint(0, 10, (records * k,), generator=g)
+        c = torch.rand(records, generator=g)
+        rec = clipper.record(lambda: d(x, y).reshape(records, k).mean(1))
+        fresh = GhostClipper(d, _force(how)).record(lambda: d(x, y).reshape(records, k).mean(1))
+        assert torch.equal(rec.sq_norms, fresh.sq_norms)
+        assert all(torch.equal(a, b) for a, b in zip(rec.clipped_sum(c), fresh.clipped_sum(c)))
+        if kept is None:
+            kept = dict(clipper._scratch)
+        elif records == 6:
+            assert clipper._scratch.keys() == kept.keys() and all(clipper._scratch[n] is b for n, b in kept.items())
+    assert kept or how == GROUPED, "the convolutions use buffers (a grouped convolution allocates its own)"
+
+
+def test_clipped_sum_refuses_a_batch_whose_buffers_a_later_batch_reused():
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    clipper = GhostClipper(d)
+    first = clipper.record(lambda: d(x, y))
+    clipper.record(lambda: d(x, y)).clipped_sum(torch.ones(4))
+    with pytest.raises(RuntimeError, match="after the next batch was recorded"):
+        first.clipped_sum(torch.ones(4))
+
+
 @pytest.mark.parametrize("how", HOWS)
 def test_no_autograd_graph_runs_through_the_norms_or_the_clipped_sum(how):
     """The reductions run without autograd: a graph through them would keep every layer's patches and Gram inputs
@@ -216,7 +251,7 @@ def test_bf16_keeps_every_dp_quantity_fp32():
         return F.binary_cross_entropy_with_logits(d(x, y), t, reduction="none")
 
     clipper = GhostClipper(d)
-    ref = clipper.record(losses)
+    ref = GhostClipper(d).record(losses)  # its own clipper: a clipper's next record() reuses its buffers
     with torch.autocast("cpu", dtype=torch.bfloat16):
         rec = clipper.record(losses)
         sums = rec.clipped_sum(clip_factors(rec.norms, 0.1))

@@ -50,6 +50,9 @@ SUPPORTED = (nn.Linear, nn.Conv2d, nn.Embedding, nn.GroupNorm)
 
 #: (input, output gradient) of one call of a layer (zeros where the loss does not reach the output)
 Call = tuple[torch.Tensor, torch.Tensor]
+#: ``buffer(role, shape)``: a fp32 tensor of ``shape`` on the call's device, zero when first made, kept for the same
+#: layer, call and role in the next batch (:class:`GhostClipper`'s scratch); None: a fresh tensor every time
+Buffer = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
 #: how a weight's per-record squared norms are computed (:func:`strategy`): the ghost norm (then its clipped sum by
@@ -156,7 +159,29 @@ def _conv_record_grads(m: nn.Conv2d, x: torch.Tensor, g: torch.Tensor, records: 
     return grad.reshape(records, *m.weight.shape)
 
 
-def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
+def _padded(x: torch.Tensor, ph: int, pw: int, buffer: Buffer | None, last: bool = False) -> torch.Tensor:
+    """``x`` (rows, cin, H, W) zero-padded by ``ph`` rows and ``pw`` columns on each side, channels-last
+    (rows, H, W, cin) when ``last``: into ``buffer``'s tensor, whose borders stay zero from when it was made."""
+    xl = x.permute(0, 2, 3, 1) if last else x
+    if buffer is None:
+        padded = F.pad(xl, (0, 0, pw, pw, ph, ph) if last else (pw, pw, ph, ph))
+        return padded.contiguous() if last else padded
+    rows, cin, h, w = x.shape
+    out = buffer("padded", (rows, h + 2 * ph, w + 2 * pw, cin) if last else (rows, cin, h + 2 * ph, w + 2 * pw))
+    (out[:, ph:ph + h, pw:pw + w] if last else out[:, :, ph:ph + h, pw:pw + w]).copy_(xl)
+    return out
+
+
+def _copy(view: torch.Tensor, shape: tuple[int, ...], buffer: Buffer | None) -> torch.Tensor:
+    """``view`` copied into a contiguous tensor of ``shape`` (``buffer``'s ``patches`` when given)."""
+    if buffer is None:
+        return view.reshape(shape)
+    out = buffer("patches", shape)
+    out.view(view.shape).copy_(view)
+    return out
+
+
+def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int, buffer: Buffer | None = None) -> torch.Tensor:
     """The input's patches (records, d, K·T): column t of record i is the patch that output position t of one of
     its K rows sees (F.unfold's layout with a record's rows side by side), one strided copy of the padded input
     (faster than F.unfold on a CPU, which loops over the rows); ``records`` = rows: each row's patches."""
@@ -164,29 +189,36 @@ def _conv_patches(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
     if rows == records and (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
         return x.flatten(2)  # a 1×1 convolution's patches are its input
-    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    xp = _padded(x, ph, pw, buffer) if ph or pw else x
     ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     k = rows // records
     sn, sc, sy, sx = xp.stride()
     view = xp.as_strided((records, cin, kh, kw, k, ho, wo), (k * sn, sc, dh * sy, dw * sx, sn, sh * sy, sw * sx),
                          xp.storage_offset())
-    return view.reshape(records, cin * kh * kw, k * ho * wo)
+    return _copy(view, (records, cin * kh * kw, k * ho * wo), buffer)
 
 
-def _conv_patches_last(m: nn.Conv2d, x: torch.Tensor, records: int) -> torch.Tensor:
+def _conv_patches_last(m: nn.Conv2d, x: torch.Tensor, records: int, buffer: Buffer | None = None) -> torch.Tensor:
     """The input's patches (records, K·T, d) with each patch's values in (kh, kw, cin) order: row t of record i is
     the patch that output position t of one of its K rows sees. One copy of the padded input in channels-last
     layout, then one copy whose innermost runs are a pixel's cin contiguous channels (the channels-first patches'
     innermost runs are single strided values)."""
     rows, cin, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = m.kernel_size, m.stride, m.padding, m.dilation
-    xp = F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()  # (rows, H, W, cin)
+    xp = _padded(x, ph, pw, buffer, last=True)  # (rows, H, W, cin)
     ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     k = rows // records
     sn, sy, sx, sc = xp.stride()
     view = xp.as_strided((records, k, ho, wo, kh, kw, cin), (k * sn, sn, sh * sy, sw * sx, dh * sy, dw * sx, sc),
                          xp.storage_offset())
-    return view.reshape(records, k * ho * wo, kh * kw * cin)
+    return _copy(view, (records, k * ho * wo, kh * kw * cin), buffer)
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor, buffer: Buffer | None) -> torch.Tensor:
+    """a @ b, batched (into ``buffer``'s ``product`` when given)."""
+    if buffer is None:
+        return torch.bmm(a, b)
+    return torch.bmm(a, b, out=buffer("product", (a.shape[0], a.shape[1], b.shape[2])))
 
 
 def _record_rows(g: torch.Tensor, records: int) -> torch.Tensor:
@@ -195,15 +227,18 @@ def _record_rows(g: torch.Tensor, records: int) -> torch.Tensor:
     return g.reshape(records, rows // records, p, -1).transpose(2, 3).reshape(records, -1, p)
 
 
-def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
-    """A 2-d convolution: at output position t, y_t = W a_t + b with a_t the input patch (Bu et al. 2022, Eq. 2)."""
+def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule, buffers: list[Buffer | None] | None = None
+          ) -> list[tuple[nn.Parameter, _Part]]:
+    """A 2-d convolution: at output position t, y_t = W a_t + b with a_t the input patch (Bu et al. 2022, Eq. 2).
+    ``buffers``: one per call (:data:`Buffer`), for the copies and products the size of a batch's patches."""
     calls = [(x.float(), gz.float()) for x, gz in calls]
+    buffers = buffers or [None] * len(calls)
     p, d = m.out_channels, m.weight[0].numel()
     rows = calls[0][1].shape[0] // records
     out = []
     how = rule(m, rows, sum(gz[0, 0].numel() for _, gz in calls), d, p)
     if m.weight.requires_grad and how == GHOST:
-        a = _cat([_conv_patches_last(m, x, records) for x, _ in calls])  # (records, K·T, d), d in (kh, kw, cin)
+        a = _cat([_conv_patches_last(m, x, records, b) for (x, _), b in zip(calls, buffers)])  # (records, K·T, d)
         g = _cat([_record_rows(gz, records) for _, gz in calls])  # (records, K·T, p)
         kh, kw = m.kernel_size
 
@@ -214,8 +249,8 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule) -> list[tuple[nn.
         out.append((m.weight, _Part(_ghost_sq(a_gram, g_gram), weighted)))
     elif m.weight.requires_grad and how == PATCHES:  # each row's gradient from its patches, summed per record
         out.append((m.weight, _materialised(_total(
-            _record_sum(torch.bmm(gz.flatten(2), _conv_patches(m, x, rows * records).transpose(1, 2)), records)
-            for x, gz in calls).reshape(records, *m.weight.shape))))
+            _record_sum(_bmm(gz.flatten(2), _conv_patches(m, x, rows * records, b).transpose(1, 2), b), records)
+            for (x, gz), b in zip(calls, buffers)).reshape(records, *m.weight.shape))))
     elif m.weight.requires_grad:
         out.append((m.weight, _materialised(_total(_conv_record_grads(m, x, gz, records) for x, gz in calls))))
     if m.bias is not None and m.bias.requires_grad:
@@ -271,6 +306,7 @@ class Recorded:
     losses: torch.Tensor
     parts: list[tuple[nn.Parameter, _Part]]
     params: list[nn.Parameter]
+    current: Callable[[], bool] = lambda: True  # False once a later record() has reused the clipper's buffers
 
     @property
     def norms(self) -> torch.Tensor:
@@ -279,7 +315,11 @@ class Recorded:
 
     def clipped_sum(self, factor: torch.Tensor) -> list[torch.Tensor]:
         """Σ_i factor_i · ∇_θ loss_i for every trainable parameter (in ``module.parameters()`` order), fp32 with
-        autocast off (book-keeping: no second backward)."""
+        autocast off (book-keeping: no second backward). Before the clipper's next :meth:`GhostClipper.record`,
+        which reuses the buffers the per-record gradients live in."""
+        if not self.current():
+            raise RuntimeError("grad_backend=ghost: clipped_sum of a batch after the next batch was recorded (its "
+                               "per-record gradients share the clipper's buffers): call clipped_sum first")
         with full_precision(), torch.no_grad():
             c = factor.to(torch.float32)
             sums = {id(p): part.weighted(c) for p, part in self.parts}
@@ -291,10 +331,16 @@ class GhostClipper:
     book-keeping (module docstring). ``rule(layer, rows, positions, d, p)``: how a weight's norms are computed
     (``rows`` per record, ``positions`` per row), one of
     :data:`GHOST`, :data:`PATCHES`, :data:`GROUPED` (:func:`strategy`). Build once per module; :meth:`record` once
-    per batch."""
+    per batch, then :meth:`Recorded.clipped_sum` before the next :meth:`record`.
+
+    A convolution's padded input, patches and per-record gradients are written into buffers kept from one batch
+    to the next (per layer, call and role; remade when a shape changes): a batch's largest temporaries, which a
+    CPU allocator would otherwise return to the system and fault in again page by page every step."""
 
     def __init__(self, module: nn.Module, rule: Callable[[nn.Module, int, int, int, int], str] = strategy) -> None:
         self.module, self.rule = module, rule
+        self._scratch: dict[tuple[int, int, str], torch.Tensor] = {}
+        self._batches = 0
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.layers: list[nn.Module] = []
         covered: set[int] = set()
@@ -313,6 +359,16 @@ class GhostClipper:
         missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in covered]
         if missing:
             raise ValueError(f"grad_backend=ghost: trainable parameters outside a supported layer: {missing}")
+
+    def _buffer(self, m: nn.Module, call: int, device: torch.device) -> Buffer:
+        """The :data:`Buffer` of ``m``'s ``call``-th call this batch."""
+        def buffer(role: str, shape: tuple[int, ...]) -> torch.Tensor:
+            key = (id(m), call, role)
+            buf = self._scratch.get(key)
+            if buf is None or buf.shape != torch.Size(shape) or buf.device != device:
+                buf = self._scratch[key] = torch.zeros(shape, device=device)
+            return buf
+        return buffer
 
     def record(self, forward: Callable[[], torch.Tensor]) -> Recorded:
         """Run ``forward()``, which returns the per-record losses (records,) and feeds each layer a batch whose
@@ -343,7 +399,10 @@ class GhostClipper:
         with full_precision(), torch.no_grad():
             for m in self.layers:
                 pairs = [(x, torch.zeros_like(z) if g is None else g) for (x, z, _, _), g in zip(calls[m], grads)]
-                if pairs:
+                if pairs and isinstance(m, nn.Conv2d):
+                    parts += _conv(m, pairs, records, self.rule,
+                                   [self._buffer(m, i, x.device) for i, (x, _) in enumerate(pairs)])
+                elif pairs:
                     parts += _REDUCE[type(m) if type(m) in _REDUCE else next(t for t in _REDUCE if isinstance(m, t))](
                         m, pairs, records, self.rule)
             trained = {id(p) for p, _ in parts}
@@ -353,4 +412,6 @@ class GhostClipper:
                     parts.append((p, _materialised(zero)))
             sq = torch.stack([part.sq for _, part in parts]).sum(0) if parts else \
                 torch.zeros(records, device=losses.device)
-        return Recorded(sq, losses.detach(), parts, self.params)
+        self._batches += 1
+        batch = self._batches
+        return Recorded(sq, losses.detach(), parts, self.params, lambda: self._batches == batch)
