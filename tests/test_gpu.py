@@ -60,3 +60,23 @@ def test_resume_on_cuda_continues_the_secret_streams(method, tmp_path, monkeypat
     _, stop, overrides, _ = CASES[method]
     check_resume_continues_the_secret_streams(torch.device("cuda"), method, tmp_path, monkeypatch, stop, *overrides,
                                               weights_tol=(1e-3, 1e-4))
+
+
+def test_ghost_on_cuda_keeps_no_buffers_and_matches_the_cpu():
+    """On CUDA the caching allocator reuses a layer's freed temporaries for the next layer's, so the ghost clipper
+    keeps no buffers there (dpgen/privacy/ghost.py); its norms and clipped sum are the CPU's within TF32's tolerance."""
+    from dpgen.nets.dcgan import ProjectionDiscriminator
+    from dpgen.privacy.ghost import GhostClipper
+
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    x, y, c = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,)), torch.rand(6)
+    cpu = GhostClipper(d).record(lambda: d(x, y))
+    sums = cpu.clipped_sum(c)
+    dc = d.cuda()
+    clipper = GhostClipper(dc)
+    rec = clipper.record(lambda: dc(x.cuda(), y.cuda()))
+    assert not clipper._scratch
+    torch.testing.assert_close(rec.sq_norms.cpu(), cpu.sq_norms, rtol=1e-2, atol=0)  # cuDNN may use TF32
+    for a, b in zip(rec.clipped_sum(c.cuda()), sums):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-2, atol=1e-5)

@@ -333,9 +333,10 @@ class GhostClipper:
     :data:`GHOST`, :data:`PATCHES`, :data:`GROUPED` (:func:`strategy`). Build once per module; :meth:`record` once
     per batch, then :meth:`Recorded.clipped_sum` before the next :meth:`record`.
 
-    A convolution's padded input, patches and per-record gradients are written into buffers kept from one batch
-    to the next (per layer, call and role; remade when a shape changes): a batch's largest temporaries, which a
-    CPU allocator would otherwise return to the system and fault in again page by page every step."""
+    On a CPU, a convolution's padded input, patches and per-record gradients are written into buffers kept from one
+    batch to the next (per layer, call and role; remade when a shape changes): a batch's largest temporaries, which
+    glibc's allocator would otherwise return to the system and fault in again page by page every step. On CUDA the
+    caching allocator already reuses freed blocks, and a layer's temporaries are freed for the next layer's."""
 
     def __init__(self, module: nn.Module, rule: Callable[[nn.Module, int, int, int, int], str] = strategy) -> None:
         self.module, self.rule = module, rule
@@ -400,8 +401,9 @@ class GhostClipper:
             for m in self.layers:
                 pairs = [(x, torch.zeros_like(z) if g is None else g) for (x, z, _, _), g in zip(calls[m], grads)]
                 if pairs and isinstance(m, nn.Conv2d):
-                    parts += _conv(m, pairs, records, self.rule,
-                                   [self._buffer(m, i, x.device) for i, (x, _) in enumerate(pairs)])
+                    buffers = [self._buffer(m, i, x.device) if x.device.type == "cpu" else None
+                               for i, (x, _) in enumerate(pairs)]
+                    parts += _conv(m, pairs, records, self.rule, buffers)
                 elif pairs:
                     parts += _REDUCE[type(m) if type(m) in _REDUCE else next(t for t in _REDUCE if isinstance(m, t))](
                         m, pairs, records, self.rule)
