@@ -26,7 +26,7 @@ loaded machine slows them alike (the ratios are meaningful under load, the milli
 thread): time the other jobs take from this one is not counted, what they take from its caches still is.
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
-        [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper]
+        [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper] [--width 64]
         [--backends hooks,torch.func,ghost] [--cpu-time] [--faults]
 
 ``--faults`` adds a line per network with each step's minor page faults (CPU, ``getrusage``): memory the allocator
@@ -308,6 +308,8 @@ def main() -> None:
                     help="print the N operators the private (hooks and ghost) steps add")
     ap.add_argument("--multiplicity", type=int, default=1, help="feta_unet: K rows per record, averaged before clipping")
     ap.add_argument("--unet", default="quick", choices=("quick", "paper"), help="feta_unet: the profile's UNet")
+    ap.add_argument("--width", type=int, default=None,
+                    help="the networks' width (dpgan_D: d_width, 32 quick and 64 paper; default: each net's quick one)")
     ap.add_argument("--backends", default=",".join(BACKENDS),
                     help=f"the private steps to time, a subset of {','.join(BACKENDS)} (--compile adds compiled)")
     ap.add_argument("--cpu-time", action="store_true",
@@ -330,6 +332,7 @@ def main() -> None:
                                                                           for b in backends) + "  fastest")
     for name in a.nets.split(","):
         build, width = NETS[name]
+        width = a.width or width
         k = a.multiplicity if name == "feta_unet" else 1
         bench, batch = build(a.batch, width, k, a.unet)
         bench, batch = bench.to(device), tuple(t.to(device) for t in batch)

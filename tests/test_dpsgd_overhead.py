@@ -62,3 +62,13 @@ def test_ghost_memory_measures_a_steps_peak_above_the_start(one_torch_thread):
     spec.loader.exec_module(mem)
     r = mem.measure("feta_unet", batch=2, k=3, unet="quick", reps=1)
     assert r["rows"] == 6 and r["peak_mib"] >= r["before_mib"] > 0 and r["step_mib"] >= 0
+
+
+def test_width_builds_the_network_at_that_width(monkeypatch, capsys, one_torch_thread):
+    """--width 64: dpgan's D at the paper profile's d_width (244,609 parameters against the quick 67,009)."""
+    for width, params in ((None, 67009), (64, 244609)):
+        argv = ["dpsgd_overhead.py", "--nets", "dpgan_D", "--batch", "2", "--reps", "1", "--backends", "ghost"]
+        monkeypatch.setattr("sys.argv", argv + ([] if width is None else ["--width", str(width)]))
+        bench.main()
+        row = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("dpgan_D "))
+        assert row.split()[1] == str(params)
