@@ -2,14 +2,16 @@
 sum of today's per-record gradients (torch.func's vmap(grad)), on every layer type the DP-trained networks use.
 
 Each layer type is checked under every way of computing its norms (ghost norm, materialised from the patches,
-grouped convolution), with one row per record (dpgan) and with K rows averaged before clipping (feta), against
-torch.func's per-record gradients: the norms and Σ_i c_i g_i within fp32's tolerance. Then the whole networks
-(dpgan's discriminator, feta's UNet), feta's micro-batch step (padded rows included), dpgan's DP-SGD step against
-opacus' hooks (an audit's canary rows included), bf16 (every DP quantity fp32), and the refusals.
+grouped convolution, dpgen's CPU kernel), with one row per record (dpgan) and with K rows averaged before clipping
+(feta), against torch.func's per-record gradients: the norms and Σ_i c_i g_i within fp32's tolerance. Then the whole
+networks (dpgan's discriminator, feta's UNet), feta's micro-batch step (padded rows included), dpgan's DP-SGD step against
+opacus' hooks (an audit's canary rows included), bf16 (every DP quantity fp32), and the refusals; the kernel is
+built here, called where the rule says, bit-identical over threads, and off with ``DPGEN_GHOST_KERNEL=0``.
 """
 from __future__ import annotations
 
 import copy
+import shutil
 import warnings
 
 import pytest
@@ -23,12 +25,13 @@ from dpgen.feta.dpsgd import MicroStep, clip_factors, clipped_grad_sum_func
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.nets.edm import EDMDenoiser, edm_draws, edm_loss_at
 from dpgen.nets.unet import UNet
-from dpgen.privacy.ghost import GHOST, GROUPED, PATCHES, GhostClipper, prefer_ghost, strategy
+from dpgen.privacy import ghost_kernel
+from dpgen.privacy.ghost import FUSED, GHOST, GROUPED, PATCHES, GhostClipper, plain_strategy, prefer_ghost, strategy
 from dpgen.privacy.per_sample import per_record_grads
 from dpgen.privacy.randomness import secret_generator
 
 RTOL = 1e-5  # fp32
-HOWS = (GHOST, PATCHES, GROUPED)
+HOWS = (GHOST, PATCHES, GROUPED, FUSED)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -81,6 +84,11 @@ LAYERS = {
     "conv3x3": (lambda: nn.Conv2d(2, 3, 3, padding=1), lambda g, n: torch.randn(n, 2, 6, 6, generator=g)),
     "conv-stride2": (lambda: nn.Conv2d(2, 5, 3, stride=2, padding=1), lambda g, n: torch.randn(n, 2, 7, 7, generator=g)),
     "conv1x1": (lambda: nn.Conv2d(4, 6, 1), lambda g, n: torch.randn(n, 4, 3, 3, generator=g)),
+    # the kernel's blocks: 27 patch values (4 blocks of 6 and 3 single ones), 80 outputs (a vector of 64 and one of
+    # 16); 9 values and 40 outputs (48 columns, 8 of them zero); no padding, exactly 16 outputs
+    "conv-wide": (lambda: nn.Conv2d(3, 80, 3, stride=2, padding=1), lambda g, n: torch.randn(n, 3, 7, 7, generator=g)),
+    "conv-40": (lambda: nn.Conv2d(1, 40, 3, padding=1), lambda g, n: torch.randn(n, 1, 5, 6, generator=g)),
+    "conv-16-nopad": (lambda: nn.Conv2d(2, 16, 3), lambda g, n: torch.randn(n, 2, 6, 5, generator=g)),
     "conv-dilated-rect": (lambda: nn.Conv2d(2, 3, (3, 2), padding=(2, 1), dilation=2, bias=False),
                           lambda g, n: torch.randn(n, 2, 6, 5, generator=g)),
     "embedding": (lambda: nn.Embedding(5, 4), lambda g, n: torch.randint(0, 5, (n, 3), generator=g)),
@@ -147,15 +155,101 @@ def test_dpgan_discriminator_and_feta_unet_under_the_default_rule(k):
 
 
 def test_the_rule_counts_a_records_k_rows():
-    """dpgan's last convolution (64 -> 64, 3x3, 16 output positions) takes the ghost norm with one row per record,
-    and the materialised gradient when a record's 32 rows make 512 positions (feta's K = 32)."""
+    """Without the kernel, dpgan's last convolution (64 -> 64, 3x3, 16 output positions) takes the ghost norm with
+    one row per record, and the materialised gradient when a record's 32 rows make 512 positions (feta's K = 32).
+    The default rule gives every convolution to the kernel (the plain choice where it cannot run)."""
     conv = nn.Conv2d(64, 64, 3, 2, 1)
-    assert strategy(conv, 1, 16, 576, 64) == GHOST and prefer_ghost(16, 576, 64)
-    assert strategy(conv, 32, 16, 576, 64) == PATCHES and not prefer_ghost(512, 576, 64)
-    assert strategy(nn.Conv2d(8, 8, 3, padding=1), 1, 784, 72, 8) == GROUPED
+    assert plain_strategy(conv, 1, 16, 576, 64) == GHOST and prefer_ghost(16, 576, 64)
+    assert plain_strategy(conv, 32, 16, 576, 64) == PATCHES and not prefer_ghost(512, 576, 64)
+    assert plain_strategy(nn.Conv2d(8, 8, 3, padding=1), 1, 784, 72, 8) == GROUPED
     # dpgan's 32 -> 64 convolution (49 output positions): the patches, not a grouped convolution
-    assert strategy(nn.Conv2d(32, 64, 3, 2, 1), 1, 49, 288, 64) == PATCHES
+    assert plain_strategy(nn.Conv2d(32, 64, 3, 2, 1), 1, 49, 288, 64) == PATCHES
     assert strategy(nn.Linear(32, 16), 1, 1, 32, 16) == GHOST and strategy(nn.Linear(32, 16), 32, 1, 32, 16) == PATCHES
+    assert strategy(conv, 1, 16, 576, 64) == FUSED and strategy(nn.Conv2d(8, 8, 1), 32, 784, 8, 8) == FUSED
+
+
+# ---- dpgen's CPU kernel ----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler here")
+def test_the_kernel_is_built_where_a_compiler_is(tmp_path, monkeypatch):
+    """Where a C++ compiler is, the kernel builds from its source into an empty cache (else every FUSED test above
+    would test the plain path only), and a second process-wide state finds the library there without building."""
+    monkeypatch.setenv("DPGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(ghost_kernel, "_state", {})
+    assert ghost_kernel.available(), "dpgen/privacy/ghost_kernel.cpp did not build: see the dpgen log line"
+    (lib,) = (tmp_path / "kernels").glob("ghost_*.so")
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [lib.name], "no temporary file left behind"
+    built = lib.stat().st_mtime_ns
+    monkeypatch.setattr(ghost_kernel, "_state", {})
+    assert ghost_kernel.available() and lib.stat().st_mtime_ns == built
+
+
+def _spy_kernel(monkeypatch) -> list:
+    calls = []
+    real = ghost_kernel.conv_record_grads
+    monkeypatch.setattr(ghost_kernel, "conv_record_grads", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k)))
+    return calls
+
+
+def test_the_default_rule_runs_the_kernel_and_dpgans_step_matches_the_plain_path(monkeypatch):
+    if not ghost_kernel.available():
+        pytest.skip("no kernel here (test_the_kernel_is_built_where_a_compiler_is says why)")
+    calls = _spy_kernel(monkeypatch)
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=16)
+    x, y = torch.rand(12, 1, 28, 28), torch.randint(0, 10, (12,))
+    rec = GhostClipper(d).record(lambda: d(x, y))
+    assert len(calls) == 3, "each of D's three convolutions by the kernel"
+    plain = GhostClipper(d, plain_strategy).record(lambda: d(x, y))
+    assert len(calls) == 3, "plain_strategy never calls it"
+    assert _rel(rec.norms, plain.norms) < RTOL
+    c = clip_factors(rec.norms, 0.1)
+    for a, b in zip(rec.clipped_sum(c), plain.clipped_sum(c)):
+        assert _rel(a, b) < RTOL
+
+
+def test_the_kernel_is_bit_identical_over_threads():
+    if not ghost_kernel.available():
+        pytest.skip("no kernel here")
+    torch.manual_seed(0)
+    net = Head(nn.Conv2d(3, 48, 3, stride=2, padding=1))
+    x = torch.randn(2 * 9, 3, 9, 9)
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            rec = GhostClipper(net, _force(FUSED)).record(lambda: net(x).reshape(9, 2).mean(1))
+            out.append((rec.sq_norms, rec.clipped_sum(torch.linspace(0.1, 1, 9))))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[0][0], out[1][0]) and all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_dpgen_ghost_kernel_0_keeps_the_clipper_off_the_kernel(monkeypatch):
+    calls = _spy_kernel(monkeypatch)
+    monkeypatch.setenv(ghost_kernel.ENV, "0")
+    assert not ghost_kernel.available()
+    torch.manual_seed(0)
+    d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    _check(Head(d.features), x, 1)
+    GhostClipper(d).record(lambda: d(x, y))
+    assert calls == []
+
+
+def test_the_kernel_refuses_what_it_cannot_read():
+    if not ghost_kernel.available():
+        pytest.skip("no kernel here")
+    x, gz = torch.randn(4, 2, 6, 6), torch.randn(4, 16, 6, 6)
+    grads, sq = torch.zeros(4, 18, 16), torch.zeros(4)
+    ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="contiguous"):
+        ghost_kernel.conv_record_grads(x.transpose(2, 3), gz, grads, sq, 1, (3, 3), (1, 1), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="does not match"):
+        ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (0, 0), (1, 1))
+    with pytest.raises(ValueError, match="bad shapes"):
+        ghost_kernel.conv_record_grads(x, gz, grads, sq, 2, (3, 3), (1, 1), (1, 1), (1, 1))
 
 
 def test_no_weight_gradient_is_computed_and_nothing_reaches_grad():

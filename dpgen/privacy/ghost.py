@@ -14,13 +14,16 @@ values) gives record i the gradient Σ_t g_it a_itᵀ, whose squared norm comes 
   the layer's ordinary weight gradient of the scaled output gradients, one product;
 * the materialised gradient Gᵢᵀ Aᵢ (~T·d·p multiply-adds, d·p floats per record), from the patches and a batched
   product (:data:`PATCHES`) or, for a convolution, from a convolution with one group per record
-  (:data:`GROUPED`, which needs no unfolded copy of the input); the clipped sum is then Σ_i c_i Pᵢ.
+  (:data:`GROUPED`, which needs no unfolded copy of the input) or, for a convolution on a CPU, from dpgen's
+  kernel, which reads the patches in place from the padded input (:data:`FUSED`,
+  :mod:`dpgen.privacy.ghost_kernel`); the clipped sum is then Σ_i c_i Pᵢ.
 
 The ghost norm is taken where it costs fewer operations than the materialised gradient (:func:`prefer_ghost`,
-Bu et al. 2022's mixed ghost clipping). A record may hold several rows (feta's K diffusion draws, whose
-gradient is averaged before clipping): its positions are then the K·T positions of its rows, its Gram
-matrices span them all, and the rule counts them. Norm layers (GroupNorm) and biases have C-sized per-record
-gradients, which are materialised. No second backward pass is run.
+Bu et al. 2022's mixed ghost clipping). A convolution on a CPU takes the kernel wherever it is built: its
+T·d·p multiply-adds are the book-keeping product's alone, so it undercuts the ghost norm as well. A record may
+hold several rows (feta's K diffusion draws, whose gradient is averaged before clipping): its positions are then
+the K·T positions of its rows, its Gram matrices span them all, and the rule counts them. Norm layers
+(GroupNorm) and biases have C-sized per-record gradients, which are materialised. No second backward pass is run.
 
 The per-record gradient this defines is exactly the one torch.func's vmap(grad) returns
 (:func:`dpgen.privacy.per_sample.per_record_grads`) when records do not interact in the forward pass (no batch
@@ -42,8 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpgen.core.precision import full_precision
+from dpgen.privacy import ghost_kernel
 
-__all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "SUPPORTED", "GHOST", "PATCHES", "GROUPED"]
+__all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "SUPPORTED", "GHOST", "PATCHES", "GROUPED",
+           "FUSED"]
 
 #: the layer types that may own trainable parameters (every parameterised layer of dpgan's D and feta's UNet)
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.Embedding, nn.GroupNorm)
@@ -57,8 +62,11 @@ Buffer = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 #: how a weight's per-record squared norms are computed (:func:`strategy`): the ghost norm (then its clipped sum by
 #: book-keeping), or the materialised per-record gradient from the layer's patches and a batched product, or
-#: (convolutions) from a convolution with one group per record
-GHOST, PATCHES, GROUPED = "ghost", "patches", "grouped"
+#: (convolutions) from a convolution with one group per record, or (convolutions on a CPU) from dpgen's kernel
+GHOST, PATCHES, GROUPED, FUSED = "ghost", "patches", "grouped", "fused"
+
+#: the most floats a layer's per-record gradients may take on the kernel's path (1 GiB); beyond, the plain choice
+FUSED_MAX_FLOATS = 1 << 28
 
 
 def prefer_ghost(positions: int, d: int, p: int) -> bool:
@@ -72,7 +80,13 @@ def prefer_ghost(positions: int, d: int, p: int) -> bool:
 
 def strategy(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
     """The default choice for a weight with ``d`` inputs and ``p`` outputs per position, ``positions`` positions per
-    row and ``rows`` rows per record: :data:`GHOST` where :func:`prefer_ghost` says so; otherwise the materialised
+    row and ``rows`` rows per record: :data:`FUSED` for a convolution (:func:`plain_strategy` where the kernel
+    cannot run: off a CPU, not built, or past :data:`FUSED_MAX_FLOATS`), else :func:`plain_strategy`."""
+    return FUSED if isinstance(m, nn.Conv2d) else plain_strategy(m, rows, positions, d, p)
+
+
+def plain_strategy(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
+    """The choice without dpgen's kernel: :data:`GHOST` where :func:`prefer_ghost` says so; otherwise the materialised
     gradient, from a grouped convolution (:data:`GROUPED`) for a convolution of more than 64 output positions
     and fewer than 128 outputs, else from the patches (:data:`PATCHES`; a 1×1 convolution's patches are its
     input, no copy). On a CPU the grouped convolution's weight gradient is 1.1–2× the plain convolution's where
@@ -236,8 +250,13 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule, buffers: list[Buf
     p, d = m.out_channels, m.weight[0].numel()
     rows = calls[0][1].shape[0] // records
     out = []
-    how = rule(m, rows, sum(gz[0, 0].numel() for _, gz in calls), d, p)
-    if m.weight.requires_grad and how == GHOST:
+    positions = sum(gz[0, 0].numel() for _, gz in calls)
+    how = rule(m, rows, positions, d, p)
+    if how == FUSED and not _fused_runs(m, calls, records):
+        how = plain_strategy(m, rows, positions, d, p)
+    if m.weight.requires_grad and how == FUSED:
+        out.append((m.weight, _fused(m, calls, records, buffers)))
+    elif m.weight.requires_grad and how == GHOST:
         a = _cat([_conv_patches_last(m, x, records, b) for (x, _), b in zip(calls, buffers)])  # (records, K·T, d)
         g = _cat([_record_rows(gz, records) for _, gz in calls])  # (records, K·T, p)
         kh, kw = m.kernel_size
@@ -256,6 +275,39 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule, buffers: list[Buf
     if m.bias is not None and m.bias.requires_grad:
         out.append((m.bias, _materialised(_total(_record_sum(gz.sum((2, 3)), records) for _, gz in calls))))
     return out
+
+
+def _fused_runs(m: nn.Conv2d, calls: list[Call], records: int) -> bool:
+    """Whether dpgen's kernel can take this layer's calls: CPU, fp32, a tuple padding, its per-record gradients
+    within :data:`FUSED_MAX_FLOATS`, and the kernel built."""
+    op = -(-m.out_channels // 16) * 16
+    return all(x.device.type == "cpu" and x.dtype == torch.float32 for x, _ in calls) and \
+        isinstance(m.padding, tuple) and records * m.weight[0].numel() * op <= FUSED_MAX_FLOATS and \
+        ghost_kernel.available()
+
+
+def _fused(m: nn.Conv2d, calls: list[Call], records: int, buffers: list[Buffer | None]) -> _Part:
+    """Each record's weight gradient and squared norm by dpgen's kernel, which reads the patches in place (no
+    unfolded copy); several calls of the layer: their gradients summed per record, then the norm of the sum."""
+    p, d = m.out_channels, m.weight[0].numel()
+    op = -(-p // 16) * 16  # the kernel's outputs come in vectors of 16 (the extra columns zero)
+    grads, sqs = [], []
+    for (x, gz), b in zip(calls, buffers):
+        b = b or (lambda role, shape: torch.zeros(shape, device=x.device))
+        grad, sq = b("grads", (records, d, op)), b("sq", (records,))
+        ghost_kernel.conv_record_grads(x.contiguous(), gz.contiguous(), grad, sq, x.shape[0] // records,
+                                       m.kernel_size, m.stride, m.padding, m.dilation)
+        grads.append(grad)
+        sqs.append(sq)
+    if len(grads) == 1:
+        grad, sq = grads[0], sqs[0]
+    else:
+        grad = _total(grads)
+        sq = torch.linalg.vector_norm(grad.flatten(1), dim=1).square()
+
+    def weighted(c: torch.Tensor) -> torch.Tensor:  # Σ_i c_i P_i, then (d, o) → the weight's (o, d)
+        return (c @ grad.flatten(1)).reshape(d, op)[:, :p].t().reshape(m.weight.shape)
+    return _Part(sq, weighted)
 
 
 def _embedding(m: nn.Embedding, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:
