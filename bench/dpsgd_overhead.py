@@ -10,7 +10,9 @@ Backends for the per-sample gradients:
   functorch  opacus GradSampleModule with force_functorch=True (opacus' grad_sample_mode="functorch")
   torch.func vmap(grad(per-sample loss)) over torch.func.functional_call
   ghost      dpgen.privacy.ghost.GhostClipper: per-record norms by ghost norm or materialised gradient per layer,
-             the clipped sum by book-keeping (no per-record gradient of a ghost layer, no second backward)
+             the clipped sum by book-keeping (no per-record gradient of a ghost layer, no second backward); on a
+             CPU the convolutions' per-record gradients by dpgen's kernel (dpgen/privacy/ghost_kernel.cpp)
+  ghost-plain  the same without the kernel (dpgen.privacy.ghost.plain_strategy: the PyTorch path)
   compiled   torch.func's per-sample gradients, norms, clipping and clipped sum in one torch.compile'd function
              (inductor; what ``compile=true`` runs: dpgen.feta.dpsgd.MicroStep, dpgen.dpgan.compiled.PerSampleD)
 Every private step does the same clipping (per-sample norm over all trained parameters), summing,
@@ -53,9 +55,9 @@ from torch.func import functional_call, grad, vmap
 from dpgen.dpaf.nets import DpafNet, sin
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.nets.unet import UNet
-from dpgen.privacy.ghost import GhostClipper
+from dpgen.privacy.ghost import GhostClipper, plain_strategy, strategy
 
-BACKENDS = ("hooks", "functorch", "torch.func", "ghost")
+BACKENDS = ("hooks", "functorch", "torch.func", "ghost", "ghost-plain")
 COMPILED = ("compiled",)
 K, SHAPE = 10, [1, 28, 28]
 
@@ -187,20 +189,22 @@ def make_steps(bench: Bench, batch: tuple, compile_: bool = False, backends: tup
     if "torch.func" in backends:
         steps["torch.func"] = func_step
 
-    model = copy.deepcopy(bench)
-    clipper = GhostClipper(model.net)
-    g_params = [p for p in model.parameters() if p.requires_grad]
-    g_opt = torch.optim.SGD(g_params, lr=1e-4)
+    for mode, rule in (("ghost", strategy), ("ghost-plain", plain_strategy)):
+        if mode not in backends:
+            continue
+        model = copy.deepcopy(bench)
+        clipper = GhostClipper(model.net, rule)
+        g_params = [p for p in model.parameters() if p.requires_grad]
+        g_opt = torch.optim.SGD(g_params, lr=1e-4)
 
-    def ghost_step():
-        rec = clipper.record(lambda: model.records(*batch))
-        scale = (1.0 / (rec.norms + 1e-6)).clamp(max=1.0)
-        for p, s in zip(g_params, rec.clipped_sum(scale)):
-            p.grad = s + torch.randn_like(p)
-        g_opt.step()
+        def ghost_step(model=model, clipper=clipper, g_params=g_params, g_opt=g_opt):
+            rec = clipper.record(lambda: model.records(*batch))
+            scale = (1.0 / (rec.norms + 1e-6)).clamp(max=1.0)
+            for p, s in zip(g_params, rec.clipped_sum(scale)):
+                p.grad = s + torch.randn_like(p)
+            g_opt.step()
 
-    if "ghost" in backends:
-        steps["ghost"] = ghost_step
+        steps[mode] = ghost_step
     if compile_:
         steps.update(compiled_steps(bench, batch))
     return steps

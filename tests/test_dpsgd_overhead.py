@@ -4,6 +4,8 @@ from pathlib import Path
 
 import torch
 
+from dpgen.privacy import ghost_kernel
+
 SPEC = importlib.util.spec_from_file_location("dpsgd_overhead", Path(__file__).parents[1] / "bench" / "dpsgd_overhead.py")
 bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
@@ -29,14 +31,15 @@ def test_profiled_ops_sees_a_matmul_on_the_cpu():
     assert total > 0 and any("mm" in k for k in ops)
 
 
-def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread):
-    """--multiplicity 2: every private step (opacus hooks and functorch, torch.func, ghost) runs on records of two rows
-    and the ghost step clips what torch.func clips (same per-record gradients, before the noise)."""
+def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread, monkeypatch):
+    """--multiplicity 2: every private step (opacus hooks and functorch, torch.func, ghost with and without dpgen's CPU
+    kernel) runs on records of two rows, the ghost step clips what torch.func clips (same per-record gradients,
+    before the noise), and ghost-plain's clipper never calls the kernel."""
     torch.manual_seed(0)
     net, batch = bench.feta_unet(3, 4, k=2)
     assert batch[0].shape[0] == 6 and torch.equal(batch[0][0], batch[0][1]), "a record's rows share its image"
     steps = bench.make_steps(net, batch)
-    assert set(steps) == {"non-private", "hooks", "functorch", "torch.func", "ghost"}
+    assert set(steps) == {"non-private", "hooks", "functorch", "torch.func", "ghost", "ghost-plain"}
     for step in steps.values():
         step()
     names, params, _, one_loss = bench.functional_copy(net)
@@ -46,6 +49,10 @@ def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread)
     ref = torch.sqrt(sum(grads[n].flatten(1).pow(2).sum(1) for n in names))
     torch.testing.assert_close(rec.norms, ref, rtol=1e-5, atol=0)
     assert set(bench.make_steps(net, batch, backends=("ghost",))) == {"non-private", "ghost"}
+    calls = []
+    monkeypatch.setattr(ghost_kernel, "conv_record_grads", lambda *a, **k: calls.append(a))
+    bench.make_steps(net, batch, backends=("ghost-plain",))["ghost-plain"]()
+    assert calls == []
 
 
 def test_faults_prints_each_steps_minor_page_faults(monkeypatch, capsys, one_torch_thread):
@@ -72,3 +79,15 @@ def test_width_builds_the_network_at_that_width(monkeypatch, capsys, one_torch_t
         bench.main()
         row = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("dpgan_D "))
         assert row.split()[1] == str(params)
+
+
+def test_ghost_kernel_bench_times_every_way_on_each_of_ds_convolutions(monkeypatch, capsys, one_torch_thread):
+    spec = importlib.util.spec_from_file_location("ghost_kernel_bench", Path(__file__).parents[1] / "bench" / "ghost_kernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr("sys.argv", ["ghost_kernel.py", "--batch", "3", "--reps", "2", "--width", "8"])
+    mod.main()
+    lines = [l for l in capsys.readouterr().out.splitlines() if "->" in l]
+    assert [l.split(":")[0].split("(")[0].split() for l in lines] == [["1", "->", "8"], ["8", "->", "16"], ["16", "->", "16"]]
+    ways = ["patches", "grouped", "wgrad"] + (["kernel", "GFLOP/s"] if ghost_kernel.available() else [])
+    assert all(w in l for l in lines for w in ways)
