@@ -226,10 +226,14 @@ def test_the_kernel_is_bit_identical_over_threads():
     assert torch.equal(out[0][0], out[1][0]) and all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
 
 
-def test_dpgen_ghost_kernel_0_keeps_the_clipper_off_the_kernel(monkeypatch):
+def test_dpgen_ghost_kernel_0_keeps_the_clipper_off_the_kernel(monkeypatch, caplog):
     calls = _spy_kernel(monkeypatch)
     monkeypatch.setenv(ghost_kernel.ENV, "0")
-    assert not ghost_kernel.available()
+    monkeypatch.setattr(ghost_kernel, "_state", {})
+    with caplog.at_level("INFO", logger="dpgen"):
+        assert not ghost_kernel.available() and not ghost_kernel.available()
+    assert [r.getMessage() for r in caplog.records] == [
+        "grad_backend=ghost: DPGEN_GHOST_KERNEL=0, the convolutions take the PyTorch path"]
     torch.manual_seed(0)
     d = ProjectionDiscriminator(10, [1, 28, 28], width=8)
     x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))

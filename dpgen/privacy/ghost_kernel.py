@@ -33,6 +33,7 @@ ENV = "DPGEN_GHOST_KERNEL"
 SOURCE = Path(__file__).with_name("ghost_kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
 
+#: "lib": the loaded library (None: it did not build); "off": the log line for DPGEN_GHOST_KERNEL=0 was written
 _state: dict[str, ctypes.CDLL | None] = {}
 
 
@@ -89,6 +90,9 @@ def _build() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether the kernel can run here (built on the first call; False where ``DPGEN_GHOST_KERNEL=0``)."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        if "off" not in _state:  # once per process, as the lines below
+            _state["off"] = None
+            log.info("grad_backend=ghost: %s=0, the convolutions take the PyTorch path", ENV)
         return False
     if "lib" not in _state:
         _state["lib"] = _build()
