@@ -77,6 +77,12 @@ class Frozen(nn.Module):
         return self.fc(self.conv(x).flatten(1))
 
 
+def _frozen_bias(conv: nn.Conv2d) -> nn.Conv2d:
+    """A convolution whose weight is trained and whose bias is not."""
+    conv.bias.requires_grad_(False)
+    return conv
+
+
 #: name -> (layer, input builder of ``rows`` rows): every layer type and option the methods' networks use
 LAYERS = {
     "linear": (lambda: nn.Linear(6, 4), lambda g, n: torch.randn(n, 6, generator=g)),
@@ -89,6 +95,8 @@ LAYERS = {
     "conv-wide": (lambda: nn.Conv2d(3, 80, 3, stride=2, padding=1), lambda g, n: torch.randn(n, 3, 7, 7, generator=g)),
     "conv-40": (lambda: nn.Conv2d(1, 40, 3, padding=1), lambda g, n: torch.randn(n, 1, 5, 6, generator=g)),
     "conv-16-nopad": (lambda: nn.Conv2d(2, 16, 3), lambda g, n: torch.randn(n, 2, 6, 5, generator=g)),
+    "conv-bias-frozen": (lambda: _frozen_bias(nn.Conv2d(2, 3, 3, padding=1)),
+                         lambda g, n: torch.randn(n, 2, 5, 5, generator=g)),
     "conv-dilated-rect": (lambda: nn.Conv2d(2, 3, (3, 2), padding=(2, 1), dilation=2, bias=False),
                           lambda g, n: torch.randn(n, 2, 6, 5, generator=g)),
     "embedding": (lambda: nn.Embedding(5, 4), lambda g, n: torch.randint(0, 5, (n, 3), generator=g)),
@@ -254,6 +262,13 @@ def test_the_kernel_refuses_what_it_cannot_read():
         ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (0, 0), (1, 1))
     with pytest.raises(ValueError, match="bad shapes"):
         ghost_kernel.conv_record_grads(x, gz, grads, sq, 2, (3, 3), (1, 1), (1, 1), (1, 1))
+    bias, bias_sq = torch.zeros(4, 16), torch.zeros(4)
+    ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (1, 1), (1, 1), bias, bias_sq)
+    assert torch.allclose(bias, gz.sum((2, 3)), atol=1e-5) and torch.allclose(bias_sq, bias.square().sum(1))
+    with pytest.raises(ValueError, match="come together"):
+        ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (1, 1), (1, 1), bias)
+    with pytest.raises(ValueError, match="bad shapes"):
+        ghost_kernel.conv_record_grads(x, gz, grads, sq, 1, (3, 3), (1, 1), (1, 1), (1, 1), torch.zeros(4, 8), bias_sq)
 
 
 def test_no_weight_gradient_is_computed_and_nothing_reaches_grad():

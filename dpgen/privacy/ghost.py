@@ -255,8 +255,8 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule, buffers: list[Buf
     if how == FUSED and not _fused_runs(m, calls, records):
         how = plain_strategy(m, rows, positions, d, p)
     if m.weight.requires_grad and how == FUSED:
-        out.append((m.weight, _fused(m, calls, records, buffers)))
-    elif m.weight.requires_grad and how == GHOST:
+        return _fused(m, calls, records, buffers)
+    if m.weight.requires_grad and how == GHOST:
         a = _cat([_conv_patches_last(m, x, records, b) for (x, _), b in zip(calls, buffers)])  # (records, K·T, d)
         g = _cat([_record_rows(gz, records) for _, gz in calls])  # (records, K·T, p)
         kh, kw = m.kernel_size
@@ -286,28 +286,37 @@ def _fused_runs(m: nn.Conv2d, calls: list[Call], records: int) -> bool:
         ghost_kernel.available()
 
 
-def _fused(m: nn.Conv2d, calls: list[Call], records: int, buffers: list[Buffer | None]) -> _Part:
+def _fused(m: nn.Conv2d, calls: list[Call], records: int, buffers: list[Buffer | None]
+           ) -> list[tuple[nn.Parameter, _Part]]:
     """Each record's weight gradient and squared norm by dpgen's kernel, which reads the patches in place (no
-    unfolded copy); several calls of the layer: their gradients summed per record, then the norm of the sum."""
+    unfolded copy), and its bias gradient (the output gradients summed over its positions) from the same pass;
+    several calls of the layer: their gradients summed per record, then the norm of the sum."""
     p, d = m.out_channels, m.weight[0].numel()
     op = -(-p // 16) * 16  # the kernel's outputs come in vectors of 16 (the extra columns zero)
-    grads, sqs = [], []
+    with_bias = m.bias is not None and m.bias.requires_grad
+    per_call = []
     for (x, gz), b in zip(calls, buffers):
         b = b or (lambda role, shape: torch.zeros(shape, device=x.device))
-        grad, sq = b("grads", (records, d, op)), b("sq", (records,))
-        ghost_kernel.conv_record_grads(x.contiguous(), gz.contiguous(), grad, sq, x.shape[0] // records,
-                                       m.kernel_size, m.stride, m.padding, m.dilation)
-        grads.append(grad)
-        sqs.append(sq)
-    if len(grads) == 1:
-        grad, sq = grads[0], sqs[0]
-    else:
-        grad = _total(grads)
-        sq = torch.linalg.vector_norm(grad.flatten(1), dim=1).square()
+        got = [b("grads", (records, d, op)), b("sq", (records,))]
+        if with_bias:
+            got += [b("bias", (records, op)), b("bias_sq", (records,))]
+        ghost_kernel.conv_record_grads(x.contiguous(), gz.contiguous(), got[0], got[1], x.shape[0] // records,
+                                       m.kernel_size, m.stride, m.padding, m.dilation, *got[2:])
+        per_call.append(got)
+    if len(per_call) == 1:
+        got = per_call[0]
+    else:  # (gradients, squared norms) of the weight, then of the bias: the gradients summed, then normed
+        got = []
+        for i in range(0, len(per_call[0]), 2):
+            total = _total(c[i] for c in per_call)
+            got += [total, torch.linalg.vector_norm(total.flatten(1), dim=1).square()]
 
     def weighted(c: torch.Tensor) -> torch.Tensor:  # Σ_i c_i P_i, then (d, o) → the weight's (o, d)
-        return (c @ grad.flatten(1)).reshape(d, op)[:, :p].t().reshape(m.weight.shape)
-    return _Part(sq, weighted)
+        return (c @ got[0].flatten(1)).reshape(d, op)[:, :p].t().reshape(m.weight.shape)
+    out = [(m.weight, _Part(got[1], weighted))]
+    if with_bias:
+        out.append((m.bias, _Part(got[3], lambda c: (c @ got[2])[:p])))
+    return out
 
 
 def _embedding(m: nn.Embedding, calls: list[Call], records: int, rule) -> list[tuple[nn.Parameter, _Part]]:

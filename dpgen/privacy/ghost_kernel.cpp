@@ -5,7 +5,9 @@
 // patch values are read in place from the record's zero-padded input: value d = (c, i, j) of position
 // t = (k, y, x) sits at base[t] + off[d], so no copy of the patches is written. A block of
 // NB patch values × 16·NV outputs is kept in vector registers while the positions stream past, then stored
-// (the per-record gradient, layout (D, O)) and squared into the record's norm (accumulated in double).
+// (the per-record gradient, layout (D, O)) and squared into the record's norm (accumulated in double). The
+// bias's per-record gradient, the output gradients summed over the record's positions, and its squared norm come
+// from the same transposed copy of the output gradients (optional: null pointers skip them).
 // Records are independent: `threads` threads take contiguous ranges of them (the result does not depend on
 // the split). Plain C++ with a C entry point (no torch headers), loaded with ctypes: it builds in a second or two.
 #include <algorithm>
@@ -65,17 +67,19 @@ double columns(const float* x, const int64_t* base, int64_t T, const float* g, i
 // x: the input (records·K, C, H, W) and gz: the output gradients (records·K, O, Ho, Wo), fp32 contiguous, a
 // record's K rows consecutive; grads: (records, C·kh·kw, Op) fp32 contiguous, Op = O rounded up to a multiple
 // of 16, overwritten with each record's gradient (layout (d, o), columns beyond O zero); sq: (records,),
-// overwritten with each record's squared gradient norm. Each thread pads its record's rows and transposes its
+// overwritten with each record's squared gradient norm; bd: (records, Op) and sbd: (records,), or both null,
+// overwritten with each record's bias gradient (columns beyond O zero) and its squared norm. Each thread pads its record's rows and transposes its
 // output gradients into scratch of its own (a record's worth: cache-resident), whose borders and extra columns
 // stay zero. Returns 0, or 1 if the sizes are inconsistent (nothing written); the caller checks dtypes and
 // layouts (dpgen/privacy/ghost_kernel.py).
-extern "C" int dpgen_conv_record_grads(const float* xd, const float* gd, float* od, float* sd, int64_t records,
+extern "C" int dpgen_conv_record_grads(const float* xd, const float* gd, float* od, float* sd, float* bd, float* sbd,
+                                       int64_t records,
                                        int64_t K, int64_t C, int64_t H, int64_t W, int64_t O, int64_t Ho,
                                        int64_t Wo, int64_t Op, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                                        int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t threads) {
   const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, T = K * Ho * Wo, D = C * kh * kw;
   if (records < 1 || K < 1 || C < 1 || O < 1 || kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
-      ph < 0 || pw < 0 || Op % 16 != 0 || Op < O || Op >= O + 16 || Ho < 1 || Wo < 1 ||
+      ph < 0 || pw < 0 || (bd == nullptr) != (sbd == nullptr) || Op % 16 != 0 || Op < O || Op >= O + 16 || Ho < 1 || Wo < 1 ||
       Ho != (Hp - dh * (kh - 1) - 1) / sh + 1 || Wo != (Wp - dw * (kw - 1) - 1) / sw + 1 ||
       Hp < dh * (kh - 1) + 1 || Wp < dw * (kw - 1) + 1)
     return 1;
@@ -98,6 +102,15 @@ extern "C" int dpgen_conv_record_grads(const float* xd, const float* gd, float* 
           float* dst = gl.data() + k * Ho * Wo * Op + o;
           for (int64_t t = 0; t < Ho * Wo; ++t) dst[t * Op] = src[t];
         }
+      if (bd) {
+        float* b = bd + r * Op;
+        std::fill_n(b, Op, 0.f);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t o = 0; o < Op; ++o) b[o] += gl[t * Op + o];
+        double s = 0;
+        for (int64_t o = 0; o < Op; ++o) s += double(b[o]) * b[o];
+        sbd[r] = static_cast<float>(s);
+      }
       const float* xs = xl.data();
       const float* gs = gl.data();
       float* orr = od + r * D * Op;

@@ -79,7 +79,7 @@ def _build() -> ctypes.CDLL | None:
         dll = ctypes.CDLL(str(lib))
         fn = dll.dpgen_conv_record_grads
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 18
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 18
         return dll
     except Exception as e:  # a failed build or load: the PyTorch path, and why
         log.info("grad_backend=ghost: the convolutions' CPU kernel did not build (%s: %s); they take the PyTorch "
@@ -104,16 +104,22 @@ def available() -> bool:
 
 def conv_record_grads(x: torch.Tensor, gz: torch.Tensor, grads: torch.Tensor, sq: torch.Tensor, rows: int,
                       kernel_size: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
-                      dilation: tuple[int, int]) -> None:
+                      dilation: tuple[int, int], bias: torch.Tensor | None = None,
+                      bias_sq: torch.Tensor | None = None) -> None:
     """Into ``grads`` (records, C·kh·kw, O') each record's weight gradient Σ_t g_t a_tᵀ of a convolution with
     zeros padding and one group (layout (d, o), d in the weight's (c, i, j) order; O' = O rounded up to a
     multiple of 16, the extra columns zero) and into ``sq`` (records,) its squared norm, from the layer's input
     ``x`` (records·rows, C, H, W; a record's ``rows`` consecutive) and output gradient ``gz`` (records·rows, O,
-    Ho, Wo), on ATen's intra-op threads. CPU, fp32, contiguous: anything else is refused (ValueError) before the
-    kernel reads a byte."""
+    Ho, Wo), on ATen's intra-op threads; with ``bias`` (records, O') and ``bias_sq`` (records,), each record's bias
+    gradient (its output gradients summed over its positions, the extra columns zero) and its squared norm too.
+    CPU, fp32, contiguous: anything else is refused (ValueError) before the kernel reads a byte."""
     if not available():
         raise RuntimeError("conv_record_grads: the kernel is not available here")
+    if (bias is None) != (bias_sq is None):
+        raise ValueError("conv_record_grads: bias and bias_sq come together")
     tensors = {"x": x, "gz": gz, "grads": grads, "sq": sq}
+    if bias is not None:
+        tensors.update(bias=bias, bias_sq=bias_sq)
     for name, t in tensors.items():
         if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"conv_record_grads: {name} must be a contiguous CPU fp32 tensor, got {t.dtype} on "
@@ -122,11 +128,16 @@ def conv_record_grads(x: torch.Tensor, gz: torch.Tensor, grads: torch.Tensor, sq
         raise ValueError("conv_record_grads: x and gz are (rows, channels, H, W), grads (records, d, o), sq (records,)")
     records, (n, c, h, w), (ng, o, ho, wo) = sq.shape[0], x.shape, gz.shape
     (kh, kw), d = kernel_size, c * kernel_size[0] * kernel_size[1]
-    if rows < 1 or n != records * rows or ng != n or tuple(grads.shape) != (records, d, -(-o // 16) * 16):
+    op = -(-o // 16) * 16
+    if rows < 1 or n != records * rows or ng != n or tuple(grads.shape) != (records, d, op) or (
+            bias is not None and (tuple(bias.shape) != (records, op) or tuple(bias_sq.shape) != (records,))):
         raise ValueError(f"conv_record_grads: bad shapes: x {tuple(x.shape)}, gz {tuple(gz.shape)}, grads "
-                         f"{tuple(grads.shape)}, sq {tuple(sq.shape)} for {rows} rows per record")
+                         f"{tuple(grads.shape)}, sq {tuple(sq.shape)}"
+                         + ("" if bias is None else f", bias {tuple(bias.shape)}, bias_sq {tuple(bias_sq.shape)}")
+                         + f" for {rows} rows per record")
     status = _state["lib"].dpgen_conv_record_grads(
-        x.data_ptr(), gz.data_ptr(), grads.data_ptr(), sq.data_ptr(), records, rows, c, h, w, o, ho, wo,
+        x.data_ptr(), gz.data_ptr(), grads.data_ptr(), sq.data_ptr(), None if bias is None else bias.data_ptr(),
+        None if bias_sq is None else bias_sq.data_ptr(), records, rows, c, h, w, o, ho, wo,
         grads.shape[2], kh, kw, *stride, *padding, *dilation, torch.get_num_threads())
     if status != 0:
         raise ValueError(f"conv_record_grads: the output gradient {ho}x{wo} does not match a {kh}x{kw} convolution "
