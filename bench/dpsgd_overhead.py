@@ -29,7 +29,11 @@ thread): time the other jobs take from this one is not counted, what they take f
 
     OMP_NUM_THREADS=1 python bench/dpsgd_overhead.py [--device cpu|cuda] [--compile] [--batch 64] [--reps 5]
         [--threads 1] [--nets dpgan_D,feta_unet] [--kernels 8] [--multiplicity 32 --unet paper] [--width 64]
-        [--backends hooks,torch.func,ghost] [--cpu-time] [--faults]
+        [--backends hooks,torch.func,ghost] [--cpu-time] [--faults] [--malloc keep|system]
+
+Both steps run with freed host memory kept for the next step, as a dpgen training run does
+(dpgen.core.host.keep_freed_memory: glibc's mallopt); ``--malloc system`` keeps glibc's defaults, under which
+both steps map and fault their temporaries in afresh every step.
 
 ``--faults`` adds a line per network with each step's minor page faults (CPU, ``getrusage``): memory the allocator
 maps afresh every step, whose first touch costs a fault per page (glibc returns large freed blocks to the system).
@@ -52,6 +56,7 @@ import torch.nn.functional as F
 from opacus import GradSampleModule
 from torch.func import functional_call, grad, vmap
 
+from dpgen.core.host import keep_freed_memory
 from dpgen.dpaf.nets import DpafNet, sin
 from dpgen.nets.dcgan import ProjectionDiscriminator
 from dpgen.nets.unet import UNet
@@ -319,6 +324,9 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true",
                     help="also print the ratios of the steps' thread CPU time (CPU, --threads 1 only)")
     ap.add_argument("--faults", action="store_true", help="also print each step's minor page faults (CPU)")
+    ap.add_argument("--malloc", default="keep", choices=("keep", "system"),
+                    help="keep: freed host memory kept for the next step, as a training run does; system: glibc's "
+                         "defaults")
     a = ap.parse_args()
     chosen = tuple(b for b in a.backends.split(",") if b)
     if not chosen or set(chosen) - set(BACKENDS):
@@ -327,11 +335,13 @@ def main() -> None:
     if a.cpu_time and (device.type != "cpu" or a.threads != 1):
         ap.error("--cpu-time times this thread only: it needs --device cpu and --threads 1")
     torch.set_num_threads(a.threads)
+    kept = a.malloc == "keep" and keep_freed_memory()
     warnings.filterwarnings("ignore")  # opacus' full-backward-hook warnings on inputs without grad
     torch.manual_seed(0)
     backends = chosen + (COMPILED if a.compile else ())
     print(f"device {device}, batch {a.batch}, {a.reps} reps (median), {torch.get_num_threads()} thread(s), "
-          f"torch {torch.__version__}; feta_unet: K={a.multiplicity}, {a.unet} UNet")
+          f"torch {torch.__version__}; feta_unet: K={a.multiplicity}, {a.unet} UNet; host memory "
+          f"{'kept' if kept else 'glibc defaults'}")
     print(f"{'network':<10} {'params':>8} {'non-private ms':>15} " + " ".join(f"{b + ' ms':>14} {'ratio':>6}"
                                                                           for b in backends) + "  fastest")
     for name in a.nets.split(","):

@@ -56,11 +56,17 @@ def test_every_backend_steps_the_same_records_with_k_rows_each(one_torch_thread,
 
 
 def test_faults_prints_each_steps_minor_page_faults(monkeypatch, capsys, one_torch_thread):
-    monkeypatch.setattr("sys.argv", ["dpsgd_overhead.py", "--nets", "dpgan_D", "--batch", "4", "--reps", "2",
-                                     "--backends", "ghost", "--faults"])
-    bench.main()
-    line = next(l for l in capsys.readouterr().out.splitlines() if "minor page faults per step" in l)
-    assert "non-private " in line and "ghost " in line
+    """Both steps run with host memory kept as a training run keeps it (dpgen.core.host), unless --malloc system."""
+    kept = []
+    monkeypatch.setattr(bench, "keep_freed_memory", lambda: kept.append(1) or True)
+    argv = ["dpsgd_overhead.py", "--nets", "dpgan_D", "--batch", "4", "--reps", "2", "--backends", "ghost", "--faults"]
+    for extra, said in (([], "host memory kept"), (["--malloc", "system"], "host memory glibc defaults")):
+        monkeypatch.setattr("sys.argv", argv + extra)
+        bench.main()
+        out = capsys.readouterr().out
+        line = next(l for l in out.splitlines() if "minor page faults per step" in l)
+        assert "non-private " in line and "ghost " in line and said in out.splitlines()[0]
+    assert kept == [1]
 
 
 def test_ghost_memory_measures_a_steps_peak_above_the_start(one_torch_thread):

@@ -19,6 +19,7 @@ from dpgen.io import atomic_write_json
 from dpgen.core.checkpoint import fingerprint_diff
 from dpgen.core.compile import compiling
 from dpgen.core.dist import Dist, from_env
+from dpgen.core.host import keep_freed_memory
 from dpgen.core.generator import ReleasedGenerator, balanced_labels, load_generator, save_generator
 from dpgen.core.methods import load_method
 from dpgen.core.precision import run_precision
@@ -146,6 +147,7 @@ def run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None = Non
 def _run_training(cfg: DictConfig, run_dir: Path, data: ImageDataset | None, evaluate: bool, dist: Dist,
                   device: torch.device) -> dict:
     set_threads(cfg.get("threads"))
+    keep_freed_memory()
     seed_everything(int(cfg.seed))
     if cfg.dataset.get("alias"):
         log.info("dataset=%s resolves to %s for method=%s: %s", cfg.dataset.alias, cfg.dataset.name, cfg.method.name,
