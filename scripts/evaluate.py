@@ -21,6 +21,7 @@ from dpgen.io import atomic_write_json
 from dpgen.core.config import register_configs
 from dpgen.core.methods import CONFIG_DIR, available
 from dpgen.core.generator import load_generator
+from dpgen.core.host import keep_freed_memory
 from dpgen.core.pipeline import evaluate_generator, resolve_device
 from dpgen.core.schema import check_config, explain_config_error, load_run_config
 from dpgen.data import load_config_dataset
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> None:
         raise explain_config_error(exc, overrides) from None
     check_config(cfg)
     device = resolve_device(str(cfg.device))
+    keep_freed_memory()  # the evaluator trains classifiers: its steps reuse freed memory as a training run's do
     gen = load_generator(run_dir / "generator.pt", device)
     data = load_config_dataset(cfg)
     metrics = evaluate_generator(gen, data, cfg, device)
