@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TINY, run_script
-from inprocess import call, files_in, one_error
+from inprocess import call, files_in, one_error, script
 
 # evaluation parts that train a real-data classifier: off where a test does not look at them
 NO_REAL_CLASSIFIER = ["eval.r2g=false", "eval.real_baseline=false", "eval.cnn_fid=false"]
@@ -68,7 +68,9 @@ def test_summary_says_when_a_run_is_not_private(tmp_path):
     assert "NOT a valid DP guarantee" in paper and "sound epsilon 366.100" in paper
 
 
-def test_evaluate_takes_a_whole_evaluation_by_name(trained_run, tmp_path, capsys):
+def test_evaluate_takes_a_whole_evaluation_by_name(trained_run, tmp_path, capsys, monkeypatch):
+    kept = []  # the evaluator trains classifiers: it keeps freed host memory as a training run does
+    monkeypatch.setattr(script("evaluate"), "keep_freed_memory", lambda: kept.append(1) or True)
     code, _, err = call(capsys, "evaluate", f"run={trained_run}", "eval=nosuch")
     assert "eval='nosuch' is not an evaluation; choose one of default, full, paper" in one_error(code, err)
     copy = tmp_path / "run"
@@ -79,6 +81,7 @@ def test_evaluate_takes_a_whole_evaluation_by_name(trained_run, tmp_path, capsys
     g2r = json.loads((copy / "metrics.json").read_text())["g2r"]
     assert set(g2r) == {"cnn", "mlp"} and "one_training" not in g2r["cnn"]["fixed"]  # eval=full: trained apart
     assert g2r["cnn"]["fixed"]["num_train"] == 100
+    assert kept == [1]
 
 
 def test_samples_grid_has_one_row_per_class(trained_run):
