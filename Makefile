@@ -50,14 +50,14 @@ clean:
 # The one GPU check on an offline node (docs/clusters.md "Offline GPU nodes", docs/performance.md "The GPU check").
 # Here, with internet: `make wheelhouse PY=3.12` and `make data` fill wheelhouse/ and .data/ (ignored; carried to the
 # node with the repository); the wheels' versions are those of scripts/wheelhouse-constraints.txt, whichever python3
-# runs it. On the node: `make gpu-check GPU_BUDGET=7 [GPU_OUT=dir]` installs the wheels the node's python3 lacks into
+# runs it. On the node: `make gpu-check GPU_BUDGET=6 [GPU_OUT=dir]` installs the wheels the node's python3 lacks into
 # GPU_SITE (its torch untouched) and prints one table last (also written to GPU_OUT).
 PY         ?= 3.12
 WHEELS     ?= wheelhouse
 DATA_DIR   ?= .data
 FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 GPU_SITE   ?= /tmp/site
-GPU_BUDGET ?= 7
+GPU_BUDGET ?= 6
 GPU_ARGS   ?=
 GPU_OUT    ?=
 
