@@ -186,3 +186,14 @@ def test_released_generator_depends_on_data_only_through_the_mechanisms(tmp_path
     # with the real mechanisms the data does reach the generator (the test above can fail)
     real = released(digits, "c", False)
     assert any(not torch.equal(a[k], real[k]) for k in a)
+
+
+def test_micro_step_switches_reach_the_step(tmp_path, monkeypatch):
+    """``feta.ghost_conv`` reaches the ghost clipper's rule; ``feta.cuda_graph`` is off on a CPU (no CUDA graph), so
+    the step the loop passes runs eagerly with the configured clip."""
+    spy = Spy(monkeypatch)
+    train_in_memory("feta", tmp_path, "feta.ghost_conv=grouped", "feta.cuda_graph=true", "feta.iters=2")
+    step = spy.clips[0]["step"]
+    conv = torch.nn.Conv2d(64, 256, 3)
+    assert step.clipper.rule.plain(conv, 1, 784, 576, 256) == "grouped"  # the CPU-measured rule: patches
+    assert not step.graph and step.clip == spy.clips[0]["clip"]

@@ -480,3 +480,36 @@ def test_dpgan_ghost_clips_every_sample_to_c():
     tr.discriminator_step(None, opt, x, torch.tensor([3]), x[:0], torch.tensor([], dtype=torch.long),
                           ghost=GhostClipper(d))
     assert float(torch.sqrt(sum(p.grad.pow(2).sum() for p in d.parameters()))) == pytest.approx(1e-4, rel=1e-5)
+
+
+def test_strategy_for_decides_the_materialised_convolutions_only():
+    """``feta.ghost_conv``: the forced path replaces the grouped/patches choice of every k×k convolution without the
+    kernel; the kernel where it runs, the ghost-norm choice, 1×1 convolutions and linear layers are unchanged."""
+    assert ghost.strategy_for("auto") is strategy
+    with pytest.raises(ValueError, match="must be one of auto, patches, grouped"):
+        ghost.strategy_for("unfold")
+    conv, one, lin = nn.Conv2d(64, 64, 3), nn.Conv2d(64, 256, 1), nn.Linear(512, 512)
+    for conv_path, other in ((PATCHES, GROUPED), (GROUPED, PATCHES)):
+        rule = ghost.strategy_for(conv_path)
+        assert rule(conv, 32, 784, 576, 64) == FUSED
+        assert plain_strategy(conv, 32, 784, 576, 64) in (PATCHES, GROUPED)
+        assert rule.plain(conv, 32, 784, 576, 64) == conv_path
+        assert rule.plain(nn.Conv2d(64, 256, 3), 1, 784, 576, 256) == conv_path
+        assert rule.plain(one, 1, 784, 64, 256) == PATCHES
+        assert rule(lin, 32, 1, 512, 512) == plain_strategy(lin, 32, 1, 512, 512) == GHOST
+        assert rule.plain(nn.Conv2d(512, 512, 3), 1, 4, 4608, 512) == GHOST
+
+
+@pytest.mark.parametrize("conv_path", ["patches", "grouped"])
+def test_feta_ghost_step_with_a_forced_conv_path_equals_torch_func(conv_path, monkeypatch):
+    """Without the kernel (as on a GPU), each ``feta.ghost_conv`` computes torch.func's clipped sum."""
+    monkeypatch.setattr(ghost_kernel, "available", lambda: False)
+    net, k = _unet(), 3
+    x = torch.rand(7, 1, 8, 8, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    y = torch.tensor([0, 1, 2, 3, 1, 0, 2])
+    out = {}
+    for name, step in (("func", MicroStep(net, 0.02)),
+                       ("ghost", MicroStep(net, 0.02, grad_backend="ghost", ghost_conv=conv_path))):
+        out[name] = clipped_grad_sum_func(net, x, y, k, 0.02, 3, secret_generator("cpu", seed=4), step=step)
+    for a, b in zip(out["ghost"][0], out["func"][0]):
+        assert _rel(a, b) < RTOL

@@ -93,3 +93,34 @@ def test_ghost_on_cuda_keeps_no_buffers_and_matches_the_cpu():
     torch.testing.assert_close(rec.sq_norms.cpu(), cpu.sq_norms, rtol=1e-2, atol=0)  # cuDNN may use TF32
     for a, b in zip(rec.clipped_sum(c.cuda()), sums):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["ghost", "torch_func"])
+def test_feta_step_captured_as_a_cuda_graph_replays_fresh_draws(backend):
+    """``feta.cuda_graph``: the micro-batch step is captured (no fallback to eager) and every replay computes with its
+    own draws: the same logical batch under two draws of the diffusion noise gives two different clipped sums, each
+    the eager step's within TF32's tolerance; the Poisson remainder is padded to the captured shape."""
+    from dpgen.feta.dpsgd import MicroStep, clipped_grad_sum_func
+    from dpgen.nets.edm import EDMDenoiser
+    from dpgen.nets.unet import UNet
+    from dpgen.privacy.randomness import secret_generator
+
+    torch.manual_seed(0)
+    net = EDMDenoiser(UNet(1, 28, 10, nf=8, ch_mult=[1, 2], num_res_blocks=1, attn_res=[14])).cuda()
+    eager = MicroStep(net, 0.1, grad_backend=backend)
+    graphed = MicroStep(net, 0.1, grad_backend=backend, graph=True)
+    x = torch.rand(11, 1, 28, 28, device="cuda") * 2 - 1
+    y = torch.randint(0, 10, (11,), device="cuda")
+    sums = []
+    for seed in (1, 2, 3):
+        got = {}
+        for name, step in (("eager", eager), ("graph", graphed)):
+            gen = secret_generator("cuda", seed=seed)
+            got[name] = clipped_grad_sum_func(net, x, y, 4, 0.1, 4, gen, step=step)
+        for a, b in zip(got["graph"][0], got["eager"][0]):
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-5)
+        torch.testing.assert_close(got["graph"][1], got["eager"][1], rtol=2e-2, atol=1e-6)
+        sums.append(torch.cat([s.flatten() for s in got["graph"][0]]))
+    assert graphed.fn.captured and graphed.fn.failed is None
+    assert graphed.fn.calls == 9  # 3 micro-batches (4 + 4 + 3 padded to 4) per batch, replayed after the first two
+    assert not torch.allclose(sums[0], sums[1]) and not torch.allclose(sums[1], sums[2])

@@ -27,9 +27,10 @@ from opacus import GradSampleModule
 
 from dpgen.core.compile import bucket_size, maybe_compile
 from dpgen.core.dist import SINGLE, Dist
+from dpgen.core.graph import CapturedStep
 from dpgen.core.precision import autocast_enabled
 from dpgen.nets.edm import edm_draws, edm_loss_at
-from dpgen.privacy.ghost import GhostClipper
+from dpgen.privacy.ghost import GhostClipper, strategy_for
 from dpgen.privacy.per_sample import pad_rows, per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
 
@@ -89,20 +90,31 @@ class MicroStep:
     ``grad_backend``: ``torch_func`` (vmap(grad) per record, compiled under ``compile``) or ``ghost`` (ghost norms
     and book-keeping, :mod:`dpgen.privacy.ghost`; always eager: it takes the layers' output gradients with
     ``torch.autograd.grad``, at which torch.compile breaks the graph).
+
+    ``graph`` (``feta.cuda_graph``): on CUDA the step is captured once as a CUDA graph and replayed for every later
+    micro-batch (:class:`dpgen.core.graph.CapturedStep`): every micro-batch is then padded to ``cap`` records (one
+    static shape; the remainder's padded rows have weight 0, as a compiled bucket's). The diffusion draws are the
+    step's inputs (:func:`clipped_grad_sum_func` draws them), so every replay computes with fresh ones.
+    ``graph_factory``: the graph to capture with (tests: a replaying fake on a CPU). ``ghost_conv``
+    (``feta.ghost_conv``): how the ghost backend materialises a convolution's per-record gradients where dpgen's
+    CPU kernel cannot run (:func:`dpgen.privacy.ghost.strategy_for`).
     """
 
     def __init__(self, denoiser: torch.nn.Module, clip: float, compile: bool = False, pad: bool | None = None,
-                 backend: Any = "inductor", grad_backend: str = "torch_func") -> None:
+                 backend: Any = "inductor", grad_backend: str = "torch_func", graph: bool = False,
+                 graph_factory: Any = None, ghost_conv: str = "auto") -> None:
         if grad_backend not in ("torch_func", "ghost"):
             raise ValueError(f"MicroStep: grad_backend must be torch_func or ghost, got {grad_backend!r}")
         self.denoiser, self.clip = denoiser, float(clip)
         self.compiled = bool(compile) and grad_backend == "torch_func"
+        self.graph = bool(graph)
         self.pad = self.compiled if pad is None else bool(pad)  # pad=True eagerly: tests of the padding
         if grad_backend == "ghost":
-            self.clipper = GhostClipper(denoiser)
-            self.fn = self._ghost_sum
+            self.clipper = GhostClipper(denoiser, strategy_for(ghost_conv))
+            fn = self._ghost_sum
         else:
-            self.fn = maybe_compile(self._sum, self.compiled, backend)
+            fn = maybe_compile(self._sum, self.compiled, backend)
+        self.fn = CapturedStep(fn, self.graph, "feta DP-SGD micro-batch", graph_factory) if self.graph else fn
 
     def _sum(self, weight: torch.Tensor, *batch: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = per_record_grads(self.denoiser, _record_loss, batch)
@@ -120,9 +132,11 @@ class MicroStep:
         return rec.clipped_sum(clip_factors(rec.norms, self.clip, weight)), (rec.losses * weight).sum()
 
     def __call__(self, batch: tuple[torch.Tensor, ...], cap: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The sums of the micro-batch ``batch`` (records on dim 0, at most ``cap`` of them)."""
+        """The sums of the micro-batch ``batch`` (records on dim 0, at most ``cap`` of them). Under ``graph`` they are
+        the graph's output tensors, overwritten by the next call: the caller adds them up first."""
         m = batch[0].shape[0]
-        padded, weight = pad_rows(batch, bucket_size(m, cap, fine=False) if self.pad else m)
+        size = max(m, int(cap)) if self.graph else bucket_size(m, cap, fine=False) if self.pad else m
+        padded, weight = pad_rows(batch, size)
         return self.fn(weight, *padded)
 
 

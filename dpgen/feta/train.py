@@ -163,8 +163,12 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev)
     # the micro-batch step: ghost norms and book-keeping, or torch.func's per-record gradients (compiled under
     # compile=true, dpgen/core/compile.py)
+    graph = bool(hp.get("cuda_graph", False)) and dev.type == "cuda" and gsm is None
     micro_step = None if gsm is not None else \
-        MicroStep(model.net, float(hp.clip), compile_enabled(), grad_backend=backend)
+        MicroStep(model.net, float(hp.clip), compile_enabled(), grad_backend=backend, graph=graph,
+                  ghost_conv=str(hp.get("ghost_conv", "auto")))
+    log.info("feta: %d records per micro-batch (x K=%d rows)%s", micro, int(hp.multiplicity),
+             ", replayed from a CUDA graph (feta.cuda_graph)" if graph else "")
     if compile_enabled() and backend != "torch_func":
         log.warning("compile=true: feta.grad_backend=%s runs eagerly (torch.compile cannot trace %s); "
                     "feta.grad_backend=torch_func compiles the DP-SGD step", backend,

@@ -47,8 +47,8 @@ from torch import nn
 from dpgen.core.precision import full_precision
 from dpgen.privacy import ghost_kernel
 
-__all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "SUPPORTED", "GHOST", "PATCHES", "GROUPED",
-           "FUSED"]
+__all__ = ["GhostClipper", "Recorded", "prefer_ghost", "strategy", "strategy_for", "SUPPORTED", "GHOST", "PATCHES",
+           "GROUPED", "FUSED", "CONV_PATHS"]
 
 #: the layer types that may own trainable parameters (every parameterised layer of dpgan's D and feta's UNet)
 SUPPORTED = (nn.Linear, nn.Conv2d, nn.Embedding, nn.GroupNorm)
@@ -98,6 +98,32 @@ def plain_strategy(m: nn.Module, rows: int, positions: int, d: int, p: int) -> s
     if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1) and positions > 64 and p < 128:
         return GROUPED
     return PATCHES
+
+
+#: how a convolution's materialised per-record gradients are computed where dpgen's kernel cannot run (a GPU):
+#: ``auto`` (:func:`plain_strategy`'s rule, measured on a CPU), or always from the patches or a grouped convolution
+CONV_PATHS = ("auto", PATCHES, GROUPED)
+
+
+def strategy_for(conv: str = "auto") -> Callable[[nn.Module, int, int, int, int], str]:
+    """The rule :func:`strategy` with ``conv`` (one of :data:`CONV_PATHS`) deciding every k×k convolution (k > 1) whose
+    per-record gradient is materialised without the kernel; the ghost-norm choice and the kernel on a CPU are
+    unchanged. ``auto``: :func:`strategy` itself. The returned rule's ``plain`` is its choice without the kernel."""
+    if conv not in CONV_PATHS:
+        raise ValueError(f"ghost: the convolution path must be one of {', '.join(CONV_PATHS)}, got {conv!r}")
+    if conv == "auto":
+        return strategy
+
+    def plain(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
+        how = plain_strategy(m, rows, positions, d, p)
+        if isinstance(m, nn.Conv2d) and m.kernel_size != (1, 1) and how in (PATCHES, GROUPED):
+            return conv
+        return how
+
+    def rule(m: nn.Module, rows: int, positions: int, d: int, p: int) -> str:
+        return FUSED if isinstance(m, nn.Conv2d) else plain(m, rows, positions, d, p)
+    rule.plain = plain  # type: ignore[attr-defined]
+    return rule
 
 
 class _Part:
@@ -253,7 +279,7 @@ def _conv(m: nn.Conv2d, calls: list[Call], records: int, rule, buffers: list[Buf
     positions = sum(gz[0, 0].numel() for _, gz in calls)
     how = rule(m, rows, positions, d, p)
     if how == FUSED and not _fused_runs(m, calls, records):
-        how = plain_strategy(m, rows, positions, d, p)
+        how = getattr(rule, "plain", plain_strategy)(m, rows, positions, d, p)
     if m.weight.requires_grad and how == FUSED:
         return _fused(m, calls, records, buffers)
     if m.weight.requires_grad and how == GHOST:

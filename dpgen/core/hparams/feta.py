@@ -65,6 +65,8 @@ class FetaHparams:
     micro_batch: Optional[int] = spec(ge=1)   # records per micro-batch; None: sized from device memory
     clip: float = spec(gt=0.0)
     grad_backend: str = spec(choices=("ghost", "torch_func", "opacus"))  # per-record norms and clipped sum
+    ghost_conv: str = spec(choices=("auto", "patches", "grouped"))  # ghost on a GPU: per-record conv gradients
+    cuda_graph: bool = spec()  # CUDA: the DP-SGD micro-batch step captured once and replayed (dpgen/core/graph.py)
     noise_multiplier: Optional[float] = spec(gt=0.0)
     lr: float = spec(gt=0.0)
     ema: float = spec(ge=0.0, lt=1.0)
