@@ -26,6 +26,9 @@ first row, while some row's planned share is below its method's minimum (:data:`
 dpdm, 5 s otherwise), the lowest-priority variant is left out (:data:`PRIORITY`: tf32 with compile first, the
 fp32 baselines last), and its row says "skipped (budget)". A few seconds stay in reserve for the table.
 ``--variants m:precision:compile,...`` picks the rows one by one instead of methods x precisions x compile.
+``--set KEY=VALUE`` (repeatable) adds a Hydra override to every row whose method has the key (e.g.
+``--set feta.cuda_graph=true``), and the caption lists them: a setting is timed beside today's by running the check
+twice in one call, with and without it.
 
 ``--kernels N``: for each method's fp32/compile-off row, torch.profiler (CUDA activity on CUDA, CPU otherwise)
 records one untimed step (the last warm-up step of the main phase; gswgan: the second pre-training warm-up
@@ -431,7 +434,8 @@ def _cell(row: dict, col: str) -> str:
 def caption(env: dict, args: argparse.Namespace, used_s: float) -> str:
     return (f"gpu-check: torch {env['torch']} | CUDA {env['cuda']} | cuDNN {env['cudnn']} | {env['device']} | "
             f"python {env['python']} | {args.dataset} profile={'quick (tiny)' if args.tiny else 'paper'} "
-            f"eps={args.eps} | {used_s:.0f} s of a {args.budget:g} min budget")
+            f"eps={args.eps}{''.join(f' {o}' for o in getattr(args, 'overrides', []))} | "
+            f"{used_s:.0f} s of a {args.budget:g} min budget")
 
 
 def table(env: dict, args: argparse.Namespace, rows: list[dict], used_s: float) -> str:
@@ -462,6 +466,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--variants", default=None,
                     help="rows as method:precision:compile, comma-separated (e.g. feta:bf16:true), instead of "
                          "--methods x --precisions x --compile")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override for every row whose method has the key (repeatable)")
     ap.add_argument("--kernels", type=int, default=0,
                     help="top N kernels by self device time of each method's fp32/compile-off row, over one untimed "
                          "step (torch.profiler), printed before the table and kept in the JSON (default 0: off)")
@@ -530,7 +536,9 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
         data = load_dataset(a.dataset, a.data_root, cache=False)  # once for every row; no cache file written
         warm_imports(a.methods.split(","))
         for m, p, c in variants:
-            ov = variant_overrides(p, c, has_compile)
+            profile, base = gp.base_config(m, a.tiny)
+            extra = gp._applicable(a.overrides, gp._compose(m, a.dataset, a.eps, profile, base))
+            ov = variant_overrides(p, c, has_compile) + extra
             plans.append((m, p, c, ov, preflight(m, a.dataset, a.eps, a.tiny, ov)))
     except Exception as exc:  # noqa: BLE001 - no row can run (missing data, a broken config): each says why
         data, why = None, _reason(exc)

@@ -262,3 +262,21 @@ def test_a_compile_row_says_whether_torch_compile_ran(gc, monkeypatch):
     assert notes[("fp32", "on")] == "2 steps timed; torch.compile never called: not compiled"
     assert notes[("tf32", "on")] == notes[("tf32", "off")] == "2 steps timed; torch.compile called 1x, 0 graphs compiled"
     assert len(compiled) == 2
+
+
+def test_set_reaches_the_rows_whose_method_has_the_key(gc, monkeypatch, capsys):
+    """``--set feta.cuda_graph=true``: feta's rows run with it, dpgan's (no ``feta`` group) without, and the caption
+    names it, so two checks in one call time a setting beside today's."""
+    _no_data_or_matmul(gc, monkeypatch)
+    seen = {}
+
+    def run(m, p, c, ov, share, args, data):
+        seen[m] = ov
+        return {**gc.row_key(m, p, c), "notes": "", "s/step": 1.0}
+
+    monkeypatch.setattr(gc, "run_variant", run)
+    gc.main(["--device", "cpu", "--tiny", "--variants", "feta:fp32:false,dpgan:fp32:false",
+             "--set", "feta.cuda_graph=true", "--set", "feta.ghost_conv=patches"], t_start=time.perf_counter())
+    assert seen["feta"][-2:] == ["feta.cuda_graph=true", "feta.ghost_conv=patches"]
+    assert not any(o.startswith("feta.") for o in seen["dpgan"])
+    assert "feta.cuda_graph=true feta.ghost_conv=patches |" in _table_lines(capsys.readouterr().out)[0]
