@@ -104,20 +104,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def settings(a: argparse.Namespace, net: EDMDenoiser, device: torch.device) -> list[dict]:
-    micros = []
-    for m in a.micro.split(","):
-        micros.append(micro_batch_for(net, None, a.multiplicity, [1, 28, 28], a.batch, device) if m == "auto"
-                      else int(m))
+def resolve_micro(micro: str, net: EDMDenoiser, device: torch.device, k: int, batch: int, backend: str,
+                  conv: str) -> int:
+    """``micro`` as a number; ``auto``: what ``feta.micro_batch=null`` picks here for this backend and conv path
+    (on CUDA measured with an eager step under the precision in effect, dpgen.feta.dpsgd.micro_batch_for)."""
+    if micro != "auto":
+        return int(micro)
+    probe = MicroStep(net, 1.0, grad_backend=backend, ghost_conv=conv)
+    return micro_batch_for(net, None, k, [1, 28, 28], batch, device, step=probe)
+
+
+def settings(a: argparse.Namespace) -> list[dict]:
     out = []
     for backend, prec, micro, conv, graph in itertools.product(a.backends.split(","), a.precisions.split(","),
-                                                                dict.fromkeys(micros), a.conv.split(","),
+                                                                dict.fromkeys(a.micro.split(",")), a.conv.split(","),
                                                                 a.graph.split(",")):
         if backend != "ghost" and conv != a.conv.split(",")[0]:
             continue  # ghost_conv is the ghost backend's
         out.append({"backend": backend, "precision": prec, "micro": micro, "conv": conv if backend == "ghost" else "-",
                     "graph": graph})
-    return out + ([dict(out[0], again=True)] if len(out) > 1 else [])
+    return out + ([dict(out[0], again=True)] if len(out) > 1 else [])  # (dicts: "auto" is resolved in place)
 
 
 COLUMNS = ("backend", "precision", "micro", "conv", "graph", "s/micro", "min", "max", "s/step", "stage h",
@@ -136,19 +142,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     t0 = time.perf_counter()
     net = build(a.unet, device)
     rows = []
-    for s in settings(a, net, device):
+    for s in settings(a):
         label = " ".join(f"{k}={s[k]}" for k in ("backend", "precision", "micro", "conv", "graph"))
         if time.perf_counter() - t0 > a.budget:
             rows.append({**s, "notes": "skipped (budget)"})
             continue
         print(f"[feta_step {time.perf_counter() - t0:.0f} s] {label}", file=sys.stderr, flush=True)
+        conv = s["conv"] if s["conv"] != "-" else "auto"
         try:
             with training_precision(s["precision"], device):
-                r = time_setting(net, device, s["micro"], a.multiplicity, s["conv"] if s["conv"] != "-" else "auto",
-                                 s["graph"] == "on", s["backend"], a.warmup, a.reps)
+                auto = s["micro"] == "auto"
+                s["micro"] = resolve_micro(s["micro"], net, device, a.multiplicity, a.batch, s["backend"], conv)
+                r = time_setting(net, device, s["micro"], a.multiplicity, conv, s["graph"] == "on", s["backend"],
+                                 a.warmup, a.reps)
+                if auto:
+                    r["notes"] = f"auto: {s['micro']} records"
         except Exception as exc:  # noqa: BLE001 - a setting that fails (out of memory) is a row saying why
             r = {"notes": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-        micros = math.ceil(a.batch / s["micro"])
+        micros = math.ceil(a.batch / s["micro"]) if isinstance(s["micro"], int) else None
         if r.get("s/micro") is not None:
             r["s/step"] = r["s/micro"] * micros
             r["stage h"] = r["s/step"] * a.iters / 3600

@@ -25,7 +25,10 @@ unspent share passes on to the rest, and a row left with less than a few seconds
 first row, while some row's planned share is below its method's minimum (:data:`MIN_ROW_S`: 100 s for feta and
 dpdm, 5 s otherwise), the lowest-priority variant is left out (:data:`PRIORITY`: tf32 with compile first, the
 fp32 baselines last), and its row says "skipped (budget)". A few seconds stay in reserve for the table.
-``--variants m:precision:compile,...`` picks the rows one by one instead of methods x precisions x compile.
+``--variants m:precision:compile[:KEY=VALUE+KEY=VALUE],...`` picks the rows one by one instead of methods x
+precisions x compile; a row's optional fourth field adds its own Hydra overrides (``+`` between them), so a setting is
+timed beside today's in one process, e.g. ``gswgan:bf16:false,gswgan:bf16:false:ensemble.conv=batched``. The row's
+notes start with them.
 ``--set KEY=VALUE`` (repeatable) adds a Hydra override to every row whose method has the key (e.g.
 ``--set feta.cuda_graph=true``), and the caption lists them: a setting is timed beside today's by running the check
 twice in one call, with and without it.
@@ -103,16 +106,16 @@ def priority(precision: str, compile_: str) -> int:
         return len(PRIORITY)
 
 
-def plan_rows(rows: list[tuple[str, str, str]], available_s: float, tiny: bool) -> list[tuple[str, str, str]]:
-    """The (method, precision, compile) rows to skip so that every other row's planned share (``available_s``
+def plan_rows(rows: list[tuple[str, ...]], available_s: float, tiny: bool) -> list[tuple[str, ...]]:
+    """The (method, precision, compile[, overrides]) rows to skip so that every other row's planned share (``available_s``
     split by :func:`row_weight`) reaches its method's minimum (:func:`method_min_s`). While some row falls
     short, the lowest-priority row of all (:data:`PRIORITY`; among equals the heaviest, then the last) is
     dropped: tf32 with compile goes first, the fp32 baselines last."""
     keep = list(rows)
-    skipped: list[tuple[str, str, str]] = []
+    skipped: list[tuple[str, ...]] = []
     while keep:
-        total = sum(row_weight(c, m) for m, _, c in keep)
-        if all(available_s * row_weight(c, m) / total >= method_min_s(m, tiny) for m, _, c in keep):
+        total = sum(row_weight(c, m) for m, _, c, *_ in keep)
+        if all(available_s * row_weight(c, m) / total >= method_min_s(m, tiny) for m, _, c, *_ in keep):
             break
         victim = max(keep, key=lambda r: (priority(r[1], r[2]), row_weight(r[2], r[0]), keep.index(r)))
         keep.remove(victim)
@@ -271,10 +274,16 @@ def _cleanup(device: torch.device) -> None:
             torch._dynamo.reset()
 
 
-def row_key(method: str, precision: str, compile_: str) -> dict:
-    """The first three columns of a variant's row."""
-    return {"method": method + (" pre-training" if method in PRETRAIN_ROWS else ""), "precision": precision,
-            "compile": "on" if compile_ == "true" else "off"}
+def row_key(method: str, precision: str, compile_: str, own: str = "") -> dict:
+    """The first three columns of a variant's row (and its own overrides, ``--variants``' fourth field)."""
+    key = {"method": method + (" pre-training" if method in PRETRAIN_ROWS else ""), "precision": precision,
+           "compile": "on" if compile_ == "true" else "off"}
+    return {**key, "overrides": own.replace("+", " ")} if own else key
+
+
+def _noted(own: str, notes: str) -> str:
+    """A row's notes, after its own overrides (``--variants``' fourth field) when it has any."""
+    return "; ".join(x for x in (own.replace("+", " "), notes) if x)
 
 
 class KernelProfile:
@@ -464,7 +473,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--compile", dest="compiles", default=",".join(COMPILES), help="compile values: false,true")
     ap.add_argument("--variants", default=None,
-                    help="rows as method:precision:compile, comma-separated (e.g. feta:bf16:true), instead of "
+                    help="rows as method:precision:compile[:KEY=VALUE+...], comma-separated (e.g. feta:bf16:true, "
+                         "gswgan:bf16:false:ensemble.conv=batched), instead of "
                          "--methods x --precisions x --compile")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a Hydra override for every row whose method has the key (repeatable)")
@@ -493,13 +503,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--budget must be > 0, --steps and --warmup >= 1")
     if a.variants:
         try:
-            a.rows = [tuple(v.split(":")) for v in a.variants.split(",")]
-            assert all(len(r) == 3 and r[2] in COMPILES for r in a.rows)
+            a.rows = [tuple(v.split(":", 3)) for v in a.variants.split(",")]
+            assert all(len(r) in (3, 4) and r[2] in COMPILES for r in a.rows)
+            assert all(all("=" in o for o in r[3].split("+")) for r in a.rows if len(r) == 4)
+            a.rows = [r if len(r) == 4 else (*r, "") for r in a.rows]
         except AssertionError:
-            ap.error("--variants: method:precision:compile items, compile false or true")
-        a.methods = ",".join(dict.fromkeys(m for m, _, _ in a.rows))
+            ap.error("--variants: method:precision:compile[:KEY=VALUE+...] items, compile false or true")
+        a.methods = ",".join(dict.fromkeys(m for m, *_ in a.rows))
     else:
-        a.rows = [(m, p, c) for m in a.methods.split(",") for p in a.precisions.split(",")
+        a.rows = [(m, p, c, "") for m in a.methods.split(",") for p in a.precisions.split(",")
                   for c in a.compiles.split(",")]
     if a.kernels < 0:
         ap.error("--kernels must be >= 0")
@@ -528,46 +540,51 @@ def main(argv: list[str] | None = None, t_start: float | None = None) -> list[di
     _cleanup(device)
 
     variants = a.rows
-    plans: list[tuple[str, str, str, list[str], str | None]] = []
+    plans: list[tuple[tuple[str, ...], list[str], str | None]] = []
     try:
         from dpgen.data import load_dataset
 
         has_compile = compile_known(a.dataset, a.eps, a.tiny)
         data = load_dataset(a.dataset, a.data_root, cache=False)  # once for every row; no cache file written
         warm_imports(a.methods.split(","))
-        for m, p, c in variants:
+        for v in variants:
+            m, p, c, own = v
             profile, base = gp.base_config(m, a.tiny)
             extra = gp._applicable(a.overrides, gp._compose(m, a.dataset, a.eps, profile, base))
-            ov = variant_overrides(p, c, has_compile) + extra
-            plans.append((m, p, c, ov, preflight(m, a.dataset, a.eps, a.tiny, ov)))
+            ov = variant_overrides(p, c, has_compile) + extra + [o for o in own.split("+") if o]
+            plans.append((v, ov, preflight(m, a.dataset, a.eps, a.tiny, ov)))
     except Exception as exc:  # noqa: BLE001 - no row can run (missing data, a broken config): each says why
         data, why = None, _reason(exc)
-        plans = [(m, p, c, [], why) for m, p, c in variants]
+        plans = [(v, [], why) for v in variants]
 
-    runnable = [(m, p, c) for m, p, c, _, why in plans if why is None]
+    runnable = [v for v, _, why in plans if why is None]
     dropped = set(plan_rows(runnable, deadline - reserve_s(60.0 * a.budget) - time.perf_counter(), a.tiny))
     if dropped:
         say(f"{len(dropped)} rows skipped to give the others their minimum share: "
-            + ", ".join(f"{m}:{p}:{c}" for m, p, c in runnable if (m, p, c) in dropped))
-    weights_left = sum(row_weight(c, m) for m, p, c in runnable if (m, p, c) not in dropped)
-    for i, (m, p, c, ov, why) in enumerate(plans, 1):
-        label = f"{m} precision={p} compile={c}"
+            + ", ".join(":".join(x for x in v if x) for v in runnable if v in dropped))
+    weights_left = sum(row_weight(v[2], v[0]) for v in runnable if v not in dropped)
+    for i, (v, ov, why) in enumerate(plans, 1):
+        m, p, c, own = v
+        label = f"{m} precision={p} compile={c}" + (f" {own.replace('+', ' ')}" if own else "")
+        key = row_key(m, p, c, own)
         if why is not None:
-            rows.append({**row_key(m, p, c), "notes": f"failed: {why}"})
+            rows.append({**key, "notes": _noted(own, f"failed: {why}")})
             say(f"row {i}/{len(plans)} {label}: not run: {why}")
             continue
-        if (m, p, c) in dropped:
-            rows.append({**row_key(m, p, c), "notes": "skipped (budget): lower priority than the rows that ran"})
+        if v in dropped:
+            rows.append({**key, "notes": _noted(own, "skipped (budget): lower priority than the rows that ran")})
             continue
         w = row_weight(c, m)
         share = budget_share(deadline - reserve_s(60.0 * a.budget) - time.perf_counter(), w, weights_left)
         weights_left -= w
         if share < method_min_s(m, a.tiny):
-            rows.append({**row_key(m, p, c), "notes": "skipped: budget spent"})
+            rows.append({**key, "notes": _noted(own, "skipped: budget spent")})
             say(f"row {i}/{len(plans)} {label}: skipped, budget spent")
             continue
         say(f"row {i}/{len(plans)} {label}: {share:.1f} s")
         row = run_variant(m, p, c, ov, share, a, data)
+        row.update(key)
+        row["notes"] = _noted(own, row.get("notes", ""))
         if ref and row.get("TFLOP/s") is not None:
             row["% matmul"] = 100.0 * row["TFLOP/s"] / ref
         rows.append(row)

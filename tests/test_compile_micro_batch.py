@@ -55,3 +55,51 @@ def test_a_run_with_micro_batch_null_trains_with_the_same_ledger(tmp_path, metho
         _, ledger, _ = train_in_memory(method, tmp_path / mb, f"feta.micro_batch={mb}", noise_seed=1)
         ledgers.append([e.to_dict() for e in ledger.entries])
     assert ledgers[0] == ledgers[1] and ledgers[0], "the split is not a privacy parameter"
+
+
+class _FakeMemory:
+    """Allocator statistics of a fake device: ``peak()`` is what the spy says the last run held."""
+
+    def __init__(self, held) -> None:
+        self.held = held
+
+    def start(self) -> int:
+        return 7  # bytes held before the run (the model): subtracted
+
+    def peak(self) -> int:
+        return 7 + self.held()
+
+
+def test_measured_footprint_is_the_peak_growth_per_record_after_a_warm_up():
+    runs = []
+    held = {2: 5_000 + 2 * 300, 6: 5_000 + 6 * 300}
+
+    def run(m):
+        runs.append(m)
+
+    def last():
+        return held[runs[-1]] + (9_999 if len(runs) == 1 else 0)  # a one-time allocation in the warm-up run
+    from dpgen.privacy.micro_batch import PROBE_SIZES, measured_footprint
+    assert measured_footprint(run, _FakeMemory(last)) == 300
+    assert runs == list(PROBE_SIZES) == [2, 2, 6]
+
+
+def test_null_on_a_measured_device_probes_the_runs_step_on_zeros(monkeypatch):
+    """With the run's step (CUDA: here a fake allocator), the step itself runs on 2, 2 and 6 records of zeros with
+    K rows each, and the micro-batch takes the measured fraction of the free memory with the measured margin."""
+    import dpgen.privacy.micro_batch as mb
+    from dpgen.feta.dpsgd import MicroStep
+
+    net, k = _net(), 4
+    step = MicroStep(net, 0.5, grad_backend="ghost")
+    seen = []
+    inner = step.fn
+    step.fn = lambda w, *b: (seen.append((b[0].shape[:2], float(b[0].abs().sum()))), inner(w, *b))[1]
+    monkeypatch.setattr(mb, "free_memory", lambda device: 10**9)
+    m = micro_batch_for(net, None, k, [1, 8, 8], 4096, torch.device("cpu"), step=step,
+                        memory=_FakeMemory(lambda: seen[-1][0][0] * 10**6))
+    assert [s for s, _ in seen] == [(2, k), (2, k), (6, k)] and all(v == 0.0 for _, v in seen)
+    fit = mb.MEASURED_FRACTION * 10**9 / (mb.MEASURED_MARGIN * 10**6)  # 640 records
+    assert m == 512 and m <= fit < 2 * m
+    assert micro_batch_for(net, None, k, [1, 8, 8], 64, torch.device("cpu"), step=step,
+                           memory=_FakeMemory(lambda: seen[-1][0][0] * 10**6)) == 64, "capped by the batch"

@@ -23,6 +23,7 @@ def test_smoke_on_a_cpu(fs, capsys, tmp_path):
                     "--conv", "auto", "--graph", "off,on", "--precisions", "fp32", "--reps", "2", "--iters", "100",
                     "--out", str(tmp_path)])
     assert [(r["micro"], r["graph"]) for r in rows] == [(4, "off"), (4, "on"), (16, "off"), (16, "on"), (4, "off")]
+    assert [r["notes"].split(";")[0] for r in rows[2:4]] == ["auto: 16 records"] * 2
     assert rows[-1]["notes"] == "first setting again"  # auto: the expected batch rounded up caps it at 16
     for r in rows:
         assert r["s/step"] == pytest.approx(r["s/micro"] * math.ceil(16 / r["micro"]))

@@ -124,3 +124,25 @@ def test_feta_step_captured_as_a_cuda_graph_replays_fresh_draws(backend):
     assert graphed.fn.captured and graphed.fn.failed is None
     assert graphed.fn.calls == 9  # 3 micro-batches (4 + 4 + 3 padded to 4) per batch, replayed after the first two
     assert not torch.allclose(sums[0], sums[1]) and not torch.allclose(sums[1], sums[2])
+
+
+def test_feta_micro_batch_null_is_measured_on_cuda():
+    """``feta.micro_batch: null`` on CUDA measures the run's step (peak growth per record) and fits a power of two of
+    records into the measured share of the free memory; the probe leaves no gradient on the parameters."""
+    from dpgen.feta.dpsgd import MicroStep, micro_batch_for
+    from dpgen.nets.edm import EDMDenoiser
+    from dpgen.nets.unet import UNet
+    from dpgen.privacy import micro_batch as mb
+
+    torch.manual_seed(0)
+    net = EDMDenoiser(UNet(1, 28, 10, nf=8, ch_mult=[1, 2], num_res_blocks=1, attn_res=[14])).cuda()
+    step = MicroStep(net, 1.0, grad_backend="ghost")
+    fp = mb.measured_footprint(lambda m: micro_batch_for(net, m, 4, [1, 28, 28], 64, torch.device("cuda")) and
+                               step((torch.zeros(m, 4, 1, 28, 28, device="cuda"),
+                                     torch.zeros(m, 4, dtype=torch.long, device="cuda"),
+                                     torch.ones(m, 4, device="cuda"), torch.zeros(m, 4, 1, 28, 28, device="cuda")), m),
+                               mb.CudaMemory(torch.device("cuda")))
+    assert fp > 4 * 28 * 28 * 4, "at least the K rows' input images"
+    m = micro_batch_for(net, None, 4, [1, 28, 28], 1 << 20, torch.device("cuda"), step=step)
+    assert m & (m - 1) == 0 and m * fp <= mb.free_memory(torch.device("cuda")) + m * fp * (1 - mb.MEASURED_FRACTION)
+    assert all(p.grad is None for p in net.parameters())

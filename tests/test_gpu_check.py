@@ -280,3 +280,27 @@ def test_set_reaches_the_rows_whose_method_has_the_key(gc, monkeypatch, capsys):
     assert seen["feta"][-2:] == ["feta.cuda_graph=true", "feta.ghost_conv=patches"]
     assert not any(o.startswith("feta.") for o in seen["dpgan"])
     assert "feta.cuda_graph=true feta.ghost_conv=patches |" in _table_lines(capsys.readouterr().out)[0]
+
+
+def test_a_variant_with_its_own_overrides_runs_beside_today(gc, monkeypatch, capsys):
+    """``--variants``' fourth field: the same method and precision twice in one process, once with its own overrides
+    (which reach that row only and start its notes), and a key the schema lacks refused in its row."""
+    _no_data_or_matmul(gc, monkeypatch)
+    seen = []
+
+    def run(m, p, c, ov, share, args, data):
+        seen.append(ov)
+        return {**gc.row_key(m, p, c), "notes": "1 steps timed", "s/step": 1.0}
+
+    monkeypatch.setattr(gc, "run_variant", run)
+    rows = gc.main(["--device", "cpu", "--tiny", "--variants",
+                    "gswgan:fp32:false,gswgan:fp32:false:ensemble.conv=batched+cudnn_benchmark=true,"
+                    "gswgan:fp32:false:gswgan.no_such_key=1"], t_start=time.perf_counter())
+    assert len(seen) == 2 and not any("ensemble.conv" in o for o in seen[0])
+    assert seen[1][-2:] == ["ensemble.conv=batched", "cudnn_benchmark=true"]
+    assert rows[1]["notes"] == "1 steps timed"
+    assert rows[2]["notes"] == "ensemble.conv=batched cudnn_benchmark=true; 1 steps timed"
+    assert rows[2]["overrides"] == "ensemble.conv=batched cudnn_benchmark=true"
+    assert rows[3]["notes"].startswith("gswgan.no_such_key=1; failed: gswgan.no_such_key")
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--variants", "gswgan:fp32:false:nokey"])

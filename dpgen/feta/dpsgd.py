@@ -19,6 +19,7 @@ stream) once to the same total: the noise is added once, as opacus' DistributedD
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -33,6 +34,8 @@ from dpgen.nets.edm import edm_draws, edm_loss_at
 from dpgen.privacy.ghost import GhostClipper, strategy_for
 from dpgen.privacy.per_sample import pad_rows, per_record_grads
 from dpgen.privacy.randomness import SecretGenerator, gaussian_noise, require_secret
+
+log = logging.getLogger("dpgen")
 
 if TYPE_CHECKING:
     from dpgen.audit.hooks import DpsgdCanaries
@@ -249,18 +252,39 @@ def signal_to_noise(sums: list[torch.Tensor], sigma: float, clip: float) -> torc
 
 
 def micro_batch_for(denoiser: torch.nn.Module, micro_batch: int | None, multiplicity: int, shape: list[int],
-                    expected_batch: int, device: torch.device) -> int:
-    """Records per micro-batch: ``micro_batch`` as given, or (None) the largest power of two whose K-fold
-    vmap(grad) fits in half the free memory of ``device`` with a margin (:mod:`dpgen.privacy.micro_batch`),
-    capped by the expected Poisson batch. The per-record gradient is K-averaged inside the record's loss
-    (:func:`_record_loss`) before it exists, so the footprint holds one gradient per record, not K."""
+                    expected_batch: int, device: torch.device, step: MicroStep | None = None,
+                    memory: Any = None) -> int:
+    """Records per micro-batch: ``micro_batch`` as given, or (None) the largest power of two that fits the free
+    memory of ``device`` (:mod:`dpgen.privacy.micro_batch`), capped by the expected Poisson batch.
+
+    On CUDA with the run's ``step`` (an eager :class:`MicroStep` of the run's backend and settings), the footprint
+    per record is measured (:func:`~dpgen.privacy.micro_batch.measured_footprint`: the step on 2 and 6 records of
+    zeros with a throw-away generator, so no record and no secret stream is read); otherwise it is estimated from
+    one forward on the meta device, for K-fold vmap(grad) (the per-record gradient is K-averaged inside the
+    record's loss, :func:`_record_loss`, so the footprint holds one gradient per record, not K). ``memory``: the
+    allocator statistics to read (tests: a fake; default CUDA's)."""
     if micro_batch is not None:
         return max(1, int(micro_batch))
-    from dpgen.privacy.micro_batch import auto_micro_batch, record_footprint
+    from dpgen.privacy import micro_batch as mb
+
+    if step is not None and (memory is not None or torch.device(device).type == "cuda"):
+        gen = torch.Generator(device=device).manual_seed(0)  # public and thrown away: the inputs are zeros
+
+        def probe(m: int) -> None:
+            x = torch.zeros(m, *shape, device=device)
+            clipped_grad_sum_func(denoiser, x, torch.zeros(m, dtype=torch.long, device=device), int(multiplicity),
+                                  step.clip, m, gen, step=step)
+
+        footprint = mb.measured_footprint(probe, memory or mb.CudaMemory(device))
+        m = mb.auto_micro_batch(footprint, device, int(expected_batch), margin=mb.MEASURED_MARGIN,
+                                fraction=mb.MEASURED_FRACTION)
+        log.info("feta: %.3f GB per record measured (K=%d), %d records per micro-batch", footprint / 1e9,
+                 int(multiplicity), m)
+        return m
 
     def example(dev: torch.device) -> tuple[torch.Tensor, ...]:
         return (torch.zeros(1, *shape, device=dev), torch.ones(1, device=dev),
                 torch.zeros(1, dtype=torch.long, device=dev))
 
-    footprint = record_footprint(denoiser, example, int(multiplicity))
-    return auto_micro_batch(footprint, device, int(expected_batch))
+    footprint = mb.record_footprint(denoiser, example, int(multiplicity))
+    return mb.auto_micro_batch(footprint, device, int(expected_batch))

@@ -160,13 +160,17 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     log.info("feta: DP-SGD q=%.5f sigma=%.4f clip=%g K=%d, %d steps allowed (planned %d)", q, sigma, hp.clip,
              int(hp.multiplicity), guard.remaining, int(hp.iters))
 
-    micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev)
     # the micro-batch step: ghost norms and book-keeping, or torch.func's per-record gradients (compiled under
-    # compile=true, dpgen/core/compile.py)
+    # compile=true, dpgen/core/compile.py); feta.micro_batch=null on CUDA measures an eager twin of it on zeros
     graph = bool(hp.get("cuda_graph", False)) and dev.type == "cuda" and gsm is None
+    conv = str(hp.get("ghost_conv", "auto"))
     micro_step = None if gsm is not None else \
-        MicroStep(model.net, float(hp.clip), compile_enabled(), grad_backend=backend, graph=graph,
-                  ghost_conv=str(hp.get("ghost_conv", "auto")))
+        MicroStep(model.net, float(hp.clip), compile_enabled(), grad_backend=backend, graph=graph, ghost_conv=conv)
+    probe = None if gsm is not None or hp.micro_batch is not None or dev.type != "cuda" else \
+        MicroStep(model.net, float(hp.clip), grad_backend=backend, ghost_conv=conv)
+    micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev,
+                            step=probe)
+    del probe
     log.info("feta: %d records per micro-batch (x K=%d rows)%s", micro, int(hp.multiplicity),
              ", replayed from a CUDA graph (feta.cuda_graph)" if graph else "")
     if compile_enabled() and backend != "torch_func":
