@@ -61,13 +61,18 @@ GPU_BUDGET ?= 6
 GPU_ARGS   ?=
 GPU_OUT    ?=
 
-.PHONY: wheelhouse data gpu-check
+.PHONY: wheelhouse data gpu-check gpu-levers
 
 wheelhouse:
 	$(PYTHON) scripts/wheelhouse.py download --python-version $(PY) --dest $(WHEELS)
 
 data:
 	$(PYTHON) scripts/wheelhouse.py data --src $(FMNIST_SRC) --dest $(DATA_DIR)/fashion-mnist
+
+# On the node: feta's and GS-WGAN's GPU levers, each beside today's path, in one call (bench/gpu_levers.sh)
+gpu-levers:
+	GPU_OUT=$(if $(GPU_OUT),$(GPU_OUT),gpu_levers) GPU_SITE=$(GPU_SITE) WHEELS=$(WHEELS) DATA_DIR=$(DATA_DIR) \
+	    bash bench/gpu_levers.sh
 
 gpu-check:
 	python3 scripts/wheelhouse.py install --wheels $(WHEELS) --target $(GPU_SITE)

@@ -18,6 +18,7 @@ at the end: its two rows show the drift of the machine within the call. The tabl
     python bench/feta_step.py --device cuda                                 # the default grid, about 2 min on an H200
     python bench/feta_step.py --device cuda --micro 32,auto --conv auto,patches --graph off,on --precisions fp32,bf16
     python bench/feta_step.py --device cpu --unet quick --multiplicity 2 --micro 4 --batch 16 --reps 2   # a smoke test
+    python bench/feta_step.py --best out/feta_step.json     # the fastest fp32 setting as gpu_check's --set options
 """
 from __future__ import annotations
 
@@ -82,8 +83,22 @@ def time_setting(net: EDMDenoiser, device: torch.device, micro: int, k: int, con
     return row
 
 
+def best_overrides(rows: list[dict], precision: str = "fp32") -> list[str]:
+    """The Hydra overrides of the fastest timed setting in ``precision`` (``--best``: what bench/gpu_levers.sh times
+    as a whole step next); none when no such row was timed."""
+    timed = [r for r in rows if r.get("s/step") and r.get("precision") == precision and r.get("backend") == "ghost"]
+    if not timed:
+        return []
+    r = min(timed, key=lambda r: r["s/step"])
+    return [f"feta.micro_batch={r['micro']}", f"feta.ghost_conv={r['conv']}",
+            f"feta.cuda_graph={'true' if r['graph'] == 'on' else 'false'}"]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--best", default=None, metavar="JSON",
+                    help="print the fastest fp32 ghost setting of an earlier run's feta_step.json as gpu_check's "
+                         "--set options (nothing if none was timed or the file is unreadable), and exit")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--unet", default="paper", choices=tuple(UNETS))
     ap.add_argument("--multiplicity", type=int, default=32, help="K draws per record (paper 32)")
@@ -138,6 +153,13 @@ def _cell(v) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     a = parse_args(argv)
+    if a.best:
+        try:
+            rows = json.loads(Path(a.best).read_text())
+        except (OSError, ValueError):
+            rows = []
+        print(" ".join(f"--set {o}" for o in best_overrides(rows)))
+        return rows
     device = torch.device(a.device)
     t0 = time.perf_counter()
     net = build(a.unet, device)

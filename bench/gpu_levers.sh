@@ -1,54 +1,56 @@
 #!/usr/bin/env bash
-# The GPU levers of feta/dpdm and of the GS-WGAN family, each timed beside today's path in ONE call (about 8 minutes
-# with the install): `make gpu-levers [GPU_OUT=dir]` on the GPU node, with wheelhouse/ and .data/ carried.
-#   1. feta's DP-SGD micro-batch step (bench/feta_step.py): micro-batch 32 (today) and memory-sized, ghost_conv
+# The GPU levers of feta/dpdm and of the GS-WGAN family, each timed beside today's path in ONE call of at most 9
+# minutes with the install: `make gpu-levers [GPU_OUT=dir]` on the GPU node, with wheelhouse/ and .data/ carried.
+#   1. feta's DP-SGD micro-batch step (bench/feta_step.py): 32 records (today), 64, 128 and memory-sized, ghost_conv
 #      auto (today) and patches, cuda_graph off (today) and on, fp32 and bf16; today's setting first and again last.
-#   2. GS-WGAN's discriminator pre-training (bench/gpu_check.py's gswgan row, bf16 eager): today's layout, then
-#      ensemble.conv=batched, ensemble.layout=channels_last, cudnn_benchmark=true and gswgan.pretrain_chunk=null.
-#   3. feta's whole DP-SGD step (bench/gpu_check.py's feta row) with the fastest fp32 setting of part 1.
-# Each part writes its table (and JSON) under GPU_OUT; the summary printed last lists them. Docs: docs/performance.md.
+#   2. GS-WGAN's discriminator pre-training (bench/gpu_check.py's gswgan rows, bf16 eager, one process): today's,
+#      then ensemble.conv=batched, cudnn_benchmark=true and gswgan.pretrain_chunk=250, each beside it.
+#   3. feta's whole DP-SGD step (bench/gpu_check.py's feta row) with part 1's fastest fp32 setting.
+# Each part writes its table (and JSON) under GPU_OUT and the tables are printed last. Docs: docs/performance.md.
+# LEVERS_TINY=1 (with PYTHON=.venv/bin/python and no WHEELS): a CPU dry run of the same three parts in about a
+# minute, on the quick UNet and tests/tiny.py's configs (tests/test_feta_step_bench.py runs it).
 set -u
 OUT=${GPU_OUT:-gpu_levers}
 SITE=${GPU_SITE:-/tmp/site}
 DATA=${DATA_DIR:-.data}
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-python3 scripts/wheelhouse.py install --wheels "${WHEELS:-wheelhouse}" --target "$SITE" || exit 2
+if [ -n "${WHEELS-wheelhouse}" ]; then
+    $PY scripts/wheelhouse.py install --wheels "${WHEELS-wheelhouse}" --target "$SITE" || exit 2
+fi
 export PYTHONPATH="$SITE:$PWD"
 T0=$(date +%s)
 say() { echo "[gpu_levers $(( $(date +%s) - T0 )) s] $*" >&2; }
+if [ -n "${LEVERS_TINY:-}" ]; then
+    STEP_ARGS="--device cpu --unet quick --multiplicity 2 --batch 16 --micro 4,8 --graph off,on --precisions fp32 \
+        --reps 1 --budget 20"
+    CHECK_ARGS="--device cpu --tiny"; GS_MIN=0.4; FETA_MIN=0.3
+else
+    STEP_ARGS="--micro 32,64,128,auto --conv auto,patches --graph off,on --precisions fp32,bf16 --reps 5 --budget 100"
+    CHECK_ARGS=""; GS_MIN=3.2; FETA_MIN=2.2
+fi
 
 say "1. feta micro-batch step"
-timeout 170 python3 bench/feta_step.py --micro 32,auto --conv auto,patches --graph off,on --precisions fp32,bf16 \
-    --reps 5 --budget 140 --out "$OUT/feta_step" > "$OUT/feta_step.log" 2>&1 || say "feta_step: exit $?"
+# shellcheck disable=SC2086
+timeout 140 $PY bench/feta_step.py $STEP_ARGS --out "$OUT/feta_step" > "$OUT/feta_step.log" 2>&1 \
+    || say "feta_step: exit $?"
 
-i=0
-for SET in "" "--set ensemble.conv=batched" "--set ensemble.layout=channels_last" "--set cudnn_benchmark=true" \
-           "--set gswgan.pretrain_chunk=null"; do
-    i=$((i + 1))
-    say "2.$i gswgan pre-training ${SET:-(today)}"
-    # shellcheck disable=SC2086
-    timeout 80 python3 bench/gpu_check.py --budget 1.0 --variants gswgan:bf16:false --data-root "$DATA" $SET \
-        --out "$OUT/gswgan_$i" > "$OUT/gswgan_$i.log" 2>&1 || say "gswgan_$i: exit $?"
-done
+say "2. gswgan pre-training"
+G=gswgan:bf16:false
+[ -n "${LEVERS_TINY:-}" ] && G=gswgan:fp32:false
+# shellcheck disable=SC2086
+timeout 205 $PY bench/gpu_check.py $CHECK_ARGS --budget $GS_MIN --data-root "$DATA" --out "$OUT/gswgan" \
+    --variants "$G,$G:ensemble.conv=batched,$G:cudnn_benchmark=true,$G:gswgan.pretrain_chunk=250" \
+    > "$OUT/gswgan.log" 2>&1 || say "gswgan: exit $?"
 
-BEST=$(python3 - "$OUT/feta_step/feta_step.json" <<'EOF'
-import json, sys
-try:
-    rows = [r for r in json.load(open(sys.argv[1])) if r.get("s/step") and r["precision"] == "fp32"]
-except OSError:
-    rows = []
-if rows:
-    r = min(rows, key=lambda r: r["s/step"])
-    print(f"--set feta.micro_batch={r['micro']} --set feta.ghost_conv={r['conv']} "
-          f"--set feta.cuda_graph={'true' if r['graph'] == 'on' else 'false'}")
-EOF
-)
+# part 1's fastest fp32 setting as gpu_check overrides (none: today's)
+BEST=$($PY bench/feta_step.py --best "$OUT/feta_step/feta_step.json")
 say "3. feta whole step: ${BEST:-(today)}"
 # shellcheck disable=SC2086
-timeout 150 python3 bench/gpu_check.py --budget 2.3 --warmup 1 --steps 3 --variants feta:fp32:false --data-root "$DATA" \
-    $BEST --out "$OUT/feta_best" > "$OUT/feta_best.log" 2>&1 || say "feta_best: exit $?"
+timeout 150 $PY bench/gpu_check.py $CHECK_ARGS --budget $FETA_MIN --warmup 1 --steps 3 --variants feta:fp32:false \
+    --data-root "$DATA" $BEST --out "$OUT/feta_best" > "$OUT/feta_best.log" 2>&1 || say "feta_best: exit $?"
 
 say "done"
-for f in "$OUT"/feta_step/feta_step.md "$OUT"/gswgan_*/gpu_check.md "$OUT"/feta_best/gpu_check.md; do
+for f in "$OUT"/feta_step/feta_step.md "$OUT"/gswgan/gpu_check.md "$OUT"/feta_best/gpu_check.md; do
     [ -f "$f" ] && { echo; echo "== $f"; cat "$f"; }
 done

@@ -471,7 +471,8 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         given = inspect.signature(originals["pretrain"]).bind_partial(*args, **kwargs).arguments
         disc, hp_ = given.get("disc"), given.get("hp")
         if disc is not None and hp_ is not None:
-            pre.members, pre.chunk, pre.iters = len(disc), int(hp_.pretrain_chunk), int(hp_.pretrain_iters)
+            pre.members, pre.iters = len(disc), int(hp_.pretrain_iters)
+            pre.chunk = min(int(hp_.pretrain_chunk), len(disc))  # a chunk larger than the ensemble holds all of it
             pre.iters_full = max(pre.iters_full, pre.iters)
         phase[0] = "pretrain"
         progress.tick("pretrain", f"{pre.members} discriminators in chunks of {pre.chunk}, {pre.iters} warm-up "

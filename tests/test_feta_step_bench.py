@@ -33,3 +33,34 @@ def test_smoke_on_a_cpu(fs, capsys, tmp_path):
     out = capsys.readouterr().out.rstrip().splitlines()
     assert out[-1].startswith("| ghost | fp32 | 4 | auto | off |") and out[-9].startswith("feta DP-SGD micro-batch")
     assert (tmp_path / "feta_step.md").read_text().strip().splitlines()[-1] == out[-1]
+
+
+def test_best_names_the_fastest_fp32_ghost_setting(fs, tmp_path, capsys):
+    rows = [{"backend": "ghost", "precision": "fp32", "micro": 32, "conv": "auto", "graph": "off", "s/step": 15.0},
+            {"backend": "ghost", "precision": "bf16", "micro": 128, "conv": "auto", "graph": "on", "s/step": 1.0},
+            {"backend": "ghost", "precision": "fp32", "micro": 128, "conv": "patches", "graph": "on", "s/step": 3.0},
+            {"backend": "ghost", "precision": "fp32", "micro": 64, "conv": "auto", "graph": "on", "notes": "failed"}]
+    (tmp_path / "f.json").write_text(__import__("json").dumps(rows))
+    fs.main(["--best", str(tmp_path / "f.json")])
+    assert capsys.readouterr().out.strip() == \
+        "--set feta.micro_batch=128 --set feta.ghost_conv=patches --set feta.cuda_graph=true"
+    fs.main(["--best", str(tmp_path / "missing.json")])
+    assert capsys.readouterr().out.strip() == ""
+
+
+@pytest.mark.slow
+def test_gpu_levers_dry_run_on_a_cpu(tmp_path):
+    """bench/gpu_levers.sh, the one prepared GPU call, runs its three parts end to end on a CPU (LEVERS_TINY) and
+    prints each part's table; part 3 times part 1's fastest setting."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LEVERS_TINY="1", PYTHON=sys.executable, WHEELS="", GPU_OUT=str(tmp_path))
+    out = subprocess.run(["bash", "bench/gpu_levers.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for part in ("feta_step/feta_step.md", "gswgan/gpu_check.md", "feta_best/gpu_check.md"):
+        assert f"== {tmp_path}/{part}" in out.stdout
+    assert out.stdout.count("| gswgan pre-training | fp32 | off |") == 4
+    assert "feta.micro_batch=" in out.stdout.split(f"== {tmp_path}/feta_best")[1].splitlines()[1]
