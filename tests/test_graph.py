@@ -135,3 +135,19 @@ def test_captured_feta_step_pads_every_micro_batch_to_the_cap():
     # the warm-up call, the capture (its fn call and the first replay's), then the remainder's replay
     assert shapes[0] == ((3,), 3.0) and shapes[-1] == ((3,), 1.0)
     assert {s for s, _ in shapes} == {(3,)}
+
+
+@pytest.mark.parametrize("method", ["feta", "dpdm"])
+def test_a_checkpoint_from_before_the_switches_resumes_with_their_defaults(method):
+    """A checkpoint whose fingerprint predates ``feta.ghost_conv`` and ``feta.cuda_graph`` reads as one with their
+    defaults (LATER_KEYS): it resumes with them, and is refused with another value, as any changed setting is."""
+    from tiny import compose_cfg
+
+    from dpgen.core.checkpoint import fingerprint_diff
+    from dpgen.core.pipeline import fingerprint
+
+    now = fingerprint(compose_cfg(method))
+    old = {**now, "hparams": {k: v for k, v in now["hparams"].items() if k not in ("ghost_conv", "cuda_graph")}}
+    assert now["hparams"]["ghost_conv"] == "auto" and now["hparams"]["cuda_graph"] is False
+    assert fingerprint_diff(old, now) is None
+    assert "hparams" in fingerprint_diff(old, fingerprint(compose_cfg(method, "feta.cuda_graph=true")))

@@ -47,8 +47,30 @@ def fingerprint_diff(stored: dict, current: dict) -> str | None:
     from dpgen.core.schema import saved_fingerprint
 
     stored, current = {**LATER_FINGERPRINT_KEYS, **saved_fingerprint(stored)}, {**LATER_FINGERPRINT_KEYS, **current}
+    stored = _with_later_hparams(stored)
     diff = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
     return ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in diff[:3]) if diff else None
+
+
+def _with_later_hparams(stored: dict) -> dict:
+    """A fingerprint whose ``hparams`` predate keys of its method's block (:data:`dpgen.core.schema.LATER_KEYS`):
+    those keys with the values that describe such a run, as its saved config reads."""
+    from dpgen.core.methods import method_info
+    from dpgen.core.schema import LATER_KEYS
+
+    hparams = stored.get("hparams")
+    try:
+        block = method_info(str(stored.get("method"))).hparams
+    except Exception:  # noqa: BLE001 - an unknown method: compared as stored (and refused elsewhere)
+        return stored
+    if not isinstance(hparams, dict):
+        return stored
+    filled = dict(hparams)
+    for key, value in LATER_KEYS.items():
+        parent, _, leaf = key.rpartition(".")
+        if parent == block and leaf not in filled:
+            filled[leaf] = value
+    return {**stored, "hparams": filled}
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

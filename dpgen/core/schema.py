@@ -449,6 +449,8 @@ LATER_KEYS: dict[str, Any] = {
     "dpac.classifier.real_batch": None,  # ... on real batches of B images
     "efsgd.classifier.real_batch": None,
     "dpgan.grad_backend": "opacus",  # dpgan runs before the option took per-sample gradients from opacus' hooks
+    "feta.ghost_conv": "auto",       # feta/dpdm runs before the option took the CPU-measured rule on every device
+    "feta.cuda_graph": False,        # ... and ran the micro-batch step eagerly
 }
 
 
