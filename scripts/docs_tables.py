@@ -59,10 +59,12 @@ DRAW_FIELDS = ("date", "commit", "seed")
 RUNTIME_KEYS = ("hydra", "data_root", "threads", "progress", "device", "resume", "log_every", "checkpoint_every",
                 "tensorboard", "samples_per_class", "debug",
                 # how DP-SGD gets the per-record clipped sum: every backend computes the same sum within fp32's
-                # tolerance, with the same ledger (tests/test_feta_privacy.py compares them)
-                "dpgan.grad_backend", "feta.grad_backend")
+                # tolerance, with the same ledger (tests/test_feta_privacy.py compares them), and so do the ghost
+                # backend's conv paths and the captured step (tests/test_ghost.py, tests/test_graph.py)
+                "dpgan.grad_backend", "feta.grad_backend", "feta.ghost_conv", "feta.cuda_graph")
 #: non-measured numbers that the pages quote, as written there, with where each is defined
 CONSTANTS = {
+    "9 minutes": "bench/gpu_levers.sh's limit: its parts' timeouts (140 + 205 + 150 s) and the wheels' install",
     "0.05": "collect.py flags a selected g2r reading more than 0.05 above the fixed one (dpgen/report.py)",
     "0.10": "chance accuracy of a 10-class task",
     "0.95": "audit.confidence, configs/audit.yaml",

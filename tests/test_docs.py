@@ -552,7 +552,7 @@ def reference_texts() -> list[tuple[str, str]]:
 
 
 #: files that scripts write (not repository files) which help texts name
-OUTPUT_FILES = {"results_vs_paper.md", "gpu_check.md", "gpu_profile.md"}
+OUTPUT_FILES = {"results_vs_paper.md", "gpu_check.md", "gpu_profile.md", "feta_step.md"}
 
 
 def _resolve(name: str) -> Path | None:
