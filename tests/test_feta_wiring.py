@@ -65,7 +65,7 @@ class Spy:
         return self._poisson(n, q, generator, device)
 
     def clipped_grad_sum_func(self, denoiser, x, y, multiplicity, clip, micro_batch, generator, dist, step=None):
-        self.clips.append({"rows": x.shape[0], "clip": clip, "x": x.clone(), "step": step})
+        self.clips.append({"rows": x.shape[0], "clip": clip, "x": x.clone(), "step": step, "micro": micro_batch})
         if self.fixed:
             params = [p for p in denoiser.parameters() if p.requires_grad]
             return [torch.full_like(p, 1e-3) for p in params], torch.zeros(())
@@ -197,3 +197,15 @@ def test_micro_step_switches_reach_the_step(tmp_path, monkeypatch):
     conv = torch.nn.Conv2d(64, 256, 3)
     assert step.clipper.rule.plain(conv, 1, 784, 576, 256) == "grouped"  # the CPU-measured rule: patches
     assert not step.graph and step.clip == spy.clips[0]["clip"]
+
+
+def test_the_micro_batch_passes_through_the_ranks_agreement(tmp_path, monkeypatch):
+    """train() takes the least micro-batch over the ranks (Dist.min), so ranks that each measured their memory split
+    the batch alike; here the agreement is spied on and lowers 64 to 8, and the clipping sees micro-batches of 8."""
+    from dpgen.core.dist import Dist
+
+    asked = []
+    monkeypatch.setattr(Dist, "min", lambda self, v: (asked.append(v), 8)[1])
+    spy = Spy(monkeypatch)
+    train_in_memory("feta", tmp_path, "feta.micro_batch=64", "feta.iters=1")
+    assert asked == [64] and spy.clips and all(c["micro"] == 8 for c in spy.clips)

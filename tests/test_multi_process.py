@@ -369,3 +369,25 @@ class TestGswganRun:
         a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
         assert all(torch.equal(a[k], b[k]) for k in a)
         assert "chunks done on rank 0" in (tmp_path / "two" / "train.log").read_text()
+
+
+def _least(rank: int, world: int, out) -> None:
+    import torch.distributed as td
+
+    from dpgen.core.dist import Dist
+
+    _init_gloo(rank, world, out)
+    try:
+        (out / f"least{rank}.txt").write_text(str(Dist(rank=rank, world=world).min([64, 16][rank])))
+    finally:
+        td.destroy_process_group()
+
+
+def test_ranks_agree_on_the_least_of_their_measured_micro_batches(tmp_path):
+    """A memory-sized micro-batch is measured on each rank; the ranks then split the micro-batches by index, so all
+    use the least one (feta's train() passes its micro-batch through Dist.min)."""
+    from dpgen.core.dist import Dist
+
+    mp.spawn(_least, args=(2, tmp_path), nprocs=2, join=True)
+    assert [(tmp_path / f"least{r}.txt").read_text() for r in range(2)] == ["16", "16"]
+    assert Dist(rank=0, world=1).min(64) == 64

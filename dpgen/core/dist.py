@@ -60,6 +60,19 @@ class Dist:
             for t in tensors:
                 td.all_reduce(t, op=td.ReduceOp.SUM)
 
+    def min(self, value: int) -> int:
+        """The least of the ranks' ``value`` on every rank (one collective: every rank must call it). A setting that
+        each rank measures for itself, such as a memory-sized micro-batch, must be the same on all of them."""
+        if not self.active:
+            return int(value)
+        import torch.distributed as td
+
+        t = torch.tensor([int(value)], dtype=torch.long)
+        if td.get_backend() == "nccl":
+            t = t.cuda()
+        td.all_reduce(t, op=td.ReduceOp.MIN)
+        return int(t.item())
+
     def gather_rows(self, t: torch.Tensor, n: int) -> torch.Tensor | None:
         """The n rows of a sharded tensor (each rank holds its :meth:`shard` of them) on rank 0, on the host; None
         on the other ranks. One collective per call: every rank must call it, in the same order."""

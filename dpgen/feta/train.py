@@ -171,6 +171,9 @@ def train(hp: DictConfig, data: ImageDataset, ledger: PrivacyLedger, run: Run) -
     micro = micro_batch_for(model.net, hp.micro_batch, int(hp.multiplicity), shape, int(hp.batch_size), dev,
                             step=probe)
     del probe
+    # the ranks split the micro-batches j by j mod W and draw every micro-batch's diffusion noise in the same order:
+    # they must agree on the split (each measured its own memory), or a record could be counted twice or not at all
+    micro = run.dist.min(micro)
     log.info("feta: %d records per micro-batch (x K=%d rows)%s", micro, int(hp.multiplicity),
              ", replayed from a CUDA graph (feta.cuda_graph)" if graph else "")
     if compile_enabled() and backend != "torch_func":
