@@ -1,9 +1,10 @@
 """A hot step replayed from a CUDA graph: one launch of a captured step instead of its thousands of kernels.
 
 :class:`CapturedStep` wraps ``fn(*tensors) -> tensors`` (a list or tuple of tensors, possibly nested one level).
-On CUDA its first call runs eagerly on a side stream (torch's warm-up before a capture: cuBLAS handles, cuDNN
-plans and autograd's streams exist before the capture starts), its second captures ``fn`` on static copies of
-the inputs, and every call after that copies the new inputs into those static tensors and replays the graph.
+On CUDA its first :data:`WARMUP_CALLS` calls run eagerly on a side stream (torch's warm-up before a capture:
+cuBLAS handles, cuDNN plans and autograd's streams exist before the capture starts; their results are the calls'
+results), the next captures ``fn`` on static copies of the inputs, and every call after that copies the new
+inputs into those static tensors and replays the graph.
 
 What a replay reads is only what the capture saw: the static inputs (refreshed on every call), the module's
 parameters (read in place, so optimizer updates are seen) and the default CUDA generator (graph-safe: a replay
@@ -28,6 +29,9 @@ import torch
 __all__ = ["CapturedStep", "CudaGraph"]
 
 log = logging.getLogger("dpgen")
+
+#: eager calls before the capture (torch's examples warm up for a few iterations on a side stream)
+WARMUP_CALLS = 2
 
 
 class Graph(Protocol):
@@ -68,13 +72,14 @@ def _signature(args: tuple[torch.Tensor, ...]) -> list[tuple]:
 
 
 class CapturedStep:
-    """``fn`` replayed from a graph after one eager warm-up call (module docstring). ``enabled``: False runs ``fn``
+    """``fn`` replayed from a graph after ``warmup`` eager calls (module docstring). ``enabled``: False runs ``fn``
     eagerly always (the switch's off position); ``graph_factory``: makes the :class:`Graph` (default
     :class:`CudaGraph`, and then only for CUDA inputs; a CPU input runs eagerly). ``name`` is for the log."""
 
     def __init__(self, fn: Callable[..., Any], enabled: bool = True, name: str = "step",
-                 graph_factory: Callable[[], Graph] | None = None) -> None:
+                 graph_factory: Callable[[], Graph] | None = None, warmup: int = WARMUP_CALLS) -> None:
         self.fn, self.enabled, self.name, self.factory = fn, bool(enabled), name, graph_factory
+        self.warmup = max(1, int(warmup))
         self.graph: Graph | None = None
         self.inputs: list[torch.Tensor] = []
         self.outputs: Any = None
@@ -96,7 +101,7 @@ class CapturedStep:
             return self.fn(*args)
         self.calls += 1
         if self.graph is None:
-            if self.calls == 1:  # the warm-up: its result is this call's result
+            if self.calls <= self.warmup:  # a warm-up call: its result is this call's result
                 return _warm(self.fn, args) if self.factory is None else self.fn(*args)
             self._capture(args)
             if self.graph is None:
