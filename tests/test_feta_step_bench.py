@@ -64,3 +64,14 @@ def test_gpu_levers_dry_run_on_a_cpu(tmp_path):
         assert f"== {tmp_path}/{part}" in out.stdout
     assert out.stdout.count("| gswgan pre-training | fp32 | off |") == 4
     assert "feta.micro_batch=" in out.stdout.split(f"== {tmp_path}/feta_best")[1].splitlines()[1]
+
+
+@pytest.mark.slow
+def test_footprint_bench_smoke(capsys):
+    spec = importlib.util.spec_from_file_location("feta_footprint", ROOT / "bench" / "feta_footprint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--unet", "quick", "--multiplicity", "2", "--paths", "fused,patches", "--records", "1,9"])
+    assert [r["path"] for r in rows] == ["estimate (meta device)", "fused", "patches"]
+    assert all(r["GiB/record"] > 0 for r in rows)
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("| patches | ")

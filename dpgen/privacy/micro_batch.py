@@ -12,9 +12,8 @@ On CUDA with the training step at hand, :func:`measured_footprint` replaces the 
 then 6 records of zeros (public inputs, a throw-away generator: no record and no secret stream is touched) and the
 growth of the peak allocated memory per record is the footprint, whatever the backend (ghost norms with or without
 unfolded patches, torch.func) and the precision; the micro-batch then takes :data:`MEASURED_FRACTION` of the free
-memory with :data:`MEASURED_MARGIN`. The estimate is 0.4 GB per record for the paper UNet at K = 32; measured on a
-CPU (peak RSS growth from 1 to 3 records) the ghost step takes 0.9 GB, with ``feta.ghost_conv=patches`` 2.1 GB and
-torch.func 1.5 GB, and on an H200 the ghost step of 32 records peaked at 25.7 GB.
+memory with :data:`MEASURED_MARGIN`. The estimate undercounts the paper UNet's step at K = 32 two to six times,
+by backend (bench/feta_footprint.py on a CPU, docs/performance.md).
 
 The micro-batch only splits the work: the clipped sum over a Poisson batch is the same whatever the split, so
 its size is not a privacy parameter.
