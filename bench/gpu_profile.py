@@ -472,10 +472,12 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
         disc, hp_ = given.get("disc"), given.get("hp")
         if disc is not None and hp_ is not None:
             pre.members, pre.iters = len(disc), int(hp_.pretrain_iters)
-            pre.chunk = min(int(hp_.pretrain_chunk), len(disc))  # a chunk larger than the ensemble holds all of it
+            # a chunk larger than the ensemble holds all of it; null (sized from memory): the first chunk's size
+            pre.chunk = 0 if hp_.pretrain_chunk is None else min(int(hp_.pretrain_chunk), len(disc))
             pre.iters_full = max(pre.iters_full, pre.iters)
         phase[0] = "pretrain"
-        progress.tick("pretrain", f"{pre.members} discriminators in chunks of {pre.chunk}, {pre.iters} warm-up "
+        chunks = pre.chunk or "pairs sized from memory"
+        progress.tick("pretrain", f"{pre.members} discriminators in chunks of {chunks}, {pre.iters} warm-up "
                                   f"iterations each (the profiled config has {pre.iters_full})", force=True)
         _sync(dev)
         pre.t_start = t = time.perf_counter()
@@ -505,6 +507,7 @@ def profile_one(method: str, dataset: str, eps: str, device: str, steps: int, wa
             if phase[0] == "pretrain":  # chunks run in member order (pretrain's loop over lo)
                 pre.chunk_lo = 0 if pre.chunk_lo < 0 else pre.chunk_lo + pre.chunk_m
                 pre.chunk_m = self.m
+                pre.chunk = pre.chunk or self.m
                 _sync(dev)
                 pre.iter_start = time.perf_counter()
 

@@ -34,6 +34,7 @@ from dpgen.data.partition import partition_by_record
 from dpgen.data.torch_utils import image_train_tensors
 from dpgen.gswgan.accounting import (ENTRY, iteration_entries, paper_epsilon_fn, paper_max_iters,
                                    paper_noise_multiplier)
+from dpgen.gswgan import ensemble as members_ensemble
 from dpgen.gswgan.ensemble import GeneratorStack, critic_step
 from dpgen.ensemble import NetStack, batched_forward
 from dpgen.gswgan.nets import Forward, ResNetGenerator, clf_forward, clf_init, disc_forward, disc_init
@@ -87,8 +88,8 @@ def check_ensemble_hparams(hp: DictConfig, n: int, prefix: str) -> None:
             raise DpgenError(f"{prefix}.{key} must be >= 1, got {hp[key]}")
     if hp.noise_multiplier is not None and float(hp.noise_multiplier) <= 0:
         raise DpgenError(f"{prefix}.noise_multiplier must be > 0 or null, got {hp.noise_multiplier}")
-    if int(hp.pretrain_iters) < 0 or int(hp.pretrain_chunk) < 1:
-        raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1")
+    if int(hp.pretrain_iters) < 0 or (hp.pretrain_chunk is not None and int(hp.pretrain_chunk) < 1):
+        raise DpgenError(f"{prefix}.pretrain_iters must be >= 0 and {prefix}.pretrain_chunk >= 1 (or null)")
     sampling, m = partition_sampling(hp)
     if sampling not in SAMPLINGS:
         raise DpgenError(f"{prefix}.sampling must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
@@ -223,6 +224,50 @@ def ema_update(ema: torch.nn.Module, net: torch.nn.Module, decay: float, step: i
         be.copy_(b)
 
 
+#: pairs per chunk under ``pretrain_chunk: null`` where the memory is not measured (a CPU): the paper profile's
+DEFAULT_CHUNK = 100
+
+
+def pretrain_chunk_for(disc: NetStack, make_gen: Callable[[], torch.nn.Module], hp: DictConfig,
+                       shape: list[int], dist: Dist = SINGLE, memory=None) -> int:
+    """(D, warm-up G) pairs pre-trained at once: ``pretrain_chunk`` as given, or (null) the most that fit the free
+    device memory, measured on CUDA: one critic step and one generator step of 2, 2 and 6 throw-away pairs (copies of
+    member 0 before any training, generators from a public seed) on zero images with a throw-away generator, so no
+    record and no secret stream is read, and the peak's growth per pair
+    (:func:`dpgen.privacy.micro_batch.measured_footprint`). Off CUDA (``memory`` None) :data:`DEFAULT_CHUNK`. The
+    ranks agree on the least (they split the chunks by index). ``memory``: the allocator statistics (tests: a fake)."""
+    k = len(disc)
+    if hp.pretrain_chunk is not None:
+        return max(1, int(hp.pretrain_chunk))
+    dev = disc.device
+    if memory is None and dev.type != "cuda":
+        return dist.min(min(k, DEFAULT_CHUNK))
+    from dpgen.privacy import micro_batch as mb
+
+    b, lr, betas = int(hp.batch_size), float(hp.lr), tuple(hp.betas)
+
+    def probe(m: int) -> None:
+        stack = disc.replicate(m)
+        g = torch.Generator(device=dev).manual_seed(0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            gens = members_ensemble.GeneratorStack(make_gen, m, dev, generator_lr(hp), betas)
+        idx = torch.arange(m, device=dev)
+        x = torch.zeros(m, b, *shape, device=dev)
+        y = torch.zeros(m, b, dtype=torch.long, device=dev)
+        with torch.no_grad():
+            xf = gens(gens.sample_z(b, g, m), y)
+        members_ensemble.critic_step(stack, disc_forward, idx, x, y, xf, y, torch.rand(m, b, generator=g, device=dev),
+                                     float(hp.gp_weight), float(hp.drift), lr, betas)
+        gens.step(lambda xg: -batched_forward(stack, disc_forward, idx, xg, y).mean(1).sum(), gens.sample_z(b, g, m), y)
+
+    per_pair = mb.measured_footprint(probe, memory or mb.CudaMemory(dev))
+    fit = int(mb.MEASURED_FRACTION * mb.free_memory(dev) // max(1.0, mb.MEASURED_MARGIN * per_pair))
+    chunk = dist.min(max(1, min(k, fit)))
+    log.info("pre-training: %.3f GB per (D, warm-up G) pair measured, %d pairs per chunk", per_pair / 1e9, chunk)
+    return chunk
+
+
 def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torch.Tensor,
              make_gen: Callable[[], torch.nn.Module], hp: DictConfig, g: SecretGenerator, num_classes: int,
              seed: int = 0, dist: Dist = SINGLE) -> None:
@@ -236,12 +281,16 @@ def pretrain(disc: NetStack, parts: Partitions, x_all: torch.Tensor, y_all: torc
     a :class:`GeneratorStack`. The warm-up generators are thrown away; the critic fakes carry the real batch's
     labels (official code).
 
+    ``pretrain_chunk: null`` sizes the chunks from the device's memory (:func:`pretrain_chunk_for`); a chunk's
+    draws depend on its index, so another chunk size gives another (equally private) pre-training.
+
     Chunk c draws its batches from the secret ``g.fork(c)`` and initialises its warm-up generators from the
     public (``seed``, c), so a chunk's result does not depend on which process trains it: ``dist`` splits the
     chunks over the ranks (a contiguous block each, issue 25), and the ranks then exchange their blocks so that
     every rank holds the whole pre-trained ensemble, as one process would.
     """
-    iters, critic, chunk, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.pretrain_chunk), int(hp.batch_size)
+    iters, critic, b = int(hp.pretrain_iters), int(hp.critic_iters), int(hp.batch_size)
+    chunk = pretrain_chunk_for(disc, make_gen, hp, list(x_all.shape[1:]), dist) if iters else len(disc)
     dev, lr, betas, shared = x_all.device, float(hp.lr), tuple(hp.betas), bool(hp.get("shared_init", False))
     bounds = [(lo, min(lo + chunk, len(disc))) for lo in range(0, len(disc), chunk)]
     mine = dist.shard(len(bounds))

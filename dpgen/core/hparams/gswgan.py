@@ -24,7 +24,7 @@ class EnsembleHparams:
     batch_size: int = spec(ge=1)
     critic_iters: int = spec(ge=1)
     pretrain_iters: int = spec(ge=0)
-    pretrain_chunk: int = spec(ge=1)
+    pretrain_chunk: Optional[int] = spec(ge=1)  # pairs pre-trained at once; null: sized from device memory
     pretrain_g_width: Optional[int] = spec(ge=1)  # throw-away warm-up generators' width (null: g_width)
     sampling: str = spec(choices=("poisson", "uniform"))  # partitions per iteration: Poisson at m/K | one, uniform (the paper; paper accounting only)
     partitions_per_iter: int = spec(ge=1)       # m: expected partitions per iteration (Poisson; 1 for uniform)
