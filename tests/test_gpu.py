@@ -147,3 +147,27 @@ def test_feta_micro_batch_null_is_measured_on_cuda():
     m = micro_batch_for(net, None, 4, [1, 28, 28], 1 << 20, torch.device("cuda"), step=step)
     assert m & (m - 1) == 0 and m * fp < torch.cuda.get_device_properties(0).total_memory
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_gswgan_pretrain_chunk_null_is_measured_on_cuda():
+    """``gswgan.pretrain_chunk: null`` on CUDA: the probe's throw-away pairs give a chunk between 1 and K, and the
+    ensemble itself is untouched."""
+    import importlib
+    from functools import partial
+
+    from omegaconf import OmegaConf
+
+    from dpgen.ensemble import NetStack
+    from dpgen.gswgan.nets import ResNetGenerator, disc_init
+    from dpgen.nets.spectral import sn_init
+
+    gtrain = importlib.import_module("dpgen.gswgan.train")
+    shape = [1, 28, 28]
+    disc = NetStack(partial(disc_init, 10, shape, 8), sn_init, 16, torch.Generator().manual_seed(0),
+                    torch.device("cuda"))
+    before = {k: v.clone() for k, v in disc.params.items()}
+    hp = OmegaConf.create({"pretrain_chunk": None, "batch_size": 8, "lr": 1e-4, "g_lr": None, "betas": [0.0, 0.99],
+                           "gp_weight": 10.0, "drift": 0.0})
+    chunk = gtrain.pretrain_chunk_for(disc, partial(ResNetGenerator, 10, shape, 10, 8), hp, shape)
+    assert 1 <= chunk <= 16
+    assert all(torch.equal(before[k], v) for k, v in disc.params.items())

@@ -116,6 +116,11 @@ class CapturedStep:
 
     def _capture(self, args: tuple[torch.Tensor, ...]) -> None:
         inputs = [a.detach().clone() for a in args]
+        if self.factory is None:
+            # the warm-up calls' blocks stay cached in the default pool, which the graph's private pool cannot use:
+            # released first, a step sized to most of the free memory (feta.micro_batch=null) fits once, not twice
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         graph = (self.factory or CudaGraph)()
         try:
             outputs = graph.capture(self.fn, inputs)
