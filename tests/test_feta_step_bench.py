@@ -75,3 +75,10 @@ def test_footprint_bench_smoke(capsys):
     assert [r["path"] for r in rows] == ["estimate (meta device)", "fused", "patches"]
     assert all(r["GiB/record"] > 0 for r in rows)
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("| patches | ")
+
+
+def test_a_spent_budget_skips_settings_but_not_the_first_settings_second_run(fs):
+    rows = fs.main(["--device", "cpu", "--unet", "quick", "--multiplicity", "1", "--micro", "2", "--batch", "4",
+                    "--conv", "auto,patches", "--graph", "off", "--precisions", "fp32", "--reps", "1", "--budget", "0"])
+    assert [r["notes"] for r in rows[:-1]] == ["skipped (budget)"] * 2
+    assert rows[-1]["notes"] == "first setting again" and rows[-1]["s/micro"] > 0
