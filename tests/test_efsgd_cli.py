@@ -73,13 +73,16 @@ def test_raw_encoder_code_needs_paper_accounting(tmp_path):
 
 @pytest.mark.slow
 def test_efsgd_paper_accounting_with_ablations(tmp_path):
+    # raw codes reveal how many partitions an iteration sampled: only with one uniform partition (the paper's);
+    # per_path: D's and C's releases apart, as the paper's Eq. 15 terms
     res = run_script("train.py", "method=efsgd", *TINY_EFSGD, "privacy.accounting=paper", "efsgd.encoder.code=raw",
+                     "efsgd.sampling=uniform", "efsgd.sanitize=per_path",
                      "efsgd.error_feedback=false", "efsgd.noise_injection=false", f"hydra.run.dir={tmp_path}/run",
                      cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert privacy["valid_dp_guarantee"] is False and privacy["epsilon"] <= 10.0
-    assert [len(e["noise_multipliers"]) for e in privacy["entries"]] == [2, 3], "raw code: no code path"
+    assert [len(e["noise_multipliers"]) for e in privacy["entries"]] == [2, 3], "C's path from classifier.start on"
     assert any("Not a valid DP guarantee" in n for n in privacy["notes"])
     payload = torch.load(tmp_path / "run" / "generator.pt", weights_only=True)
     assert payload["kwargs"]["noise_injection"] is False
