@@ -151,3 +151,17 @@ def test_a_checkpoint_from_before_the_switches_resumes_with_their_defaults(metho
     assert now["hparams"]["ghost_conv"] == "auto" and now["hparams"]["cuda_graph"] is False
     assert fingerprint_diff(old, now) is None
     assert "hparams" in fingerprint_diff(old, fingerprint(compose_cfg(method, "feta.cuda_graph=true")))
+
+
+def test_a_dpgan_checkpoint_from_before_grad_backend_resumes_with_opacus():
+    """The same reading for dpgan: a fingerprint without ``grad_backend`` ran opacus' hooks (LATER_KEYS), so it
+    resumes with ``dpgan.grad_backend=opacus`` and is refused with today's default, ghost."""
+    from tiny import compose_cfg
+
+    from dpgen.core.checkpoint import fingerprint_diff
+    from dpgen.core.pipeline import fingerprint
+
+    hooks = fingerprint(compose_cfg("dpgan", "dpgan.grad_backend=opacus"))
+    old = {**hooks, "hparams": {k: v for k, v in hooks["hparams"].items() if k != "grad_backend"}}
+    assert fingerprint_diff(old, hooks) is None
+    assert "hparams" in fingerprint_diff(old, fingerprint(compose_cfg("dpgan")))
