@@ -64,7 +64,7 @@ RUNTIME_KEYS = ("hydra", "data_root", "threads", "progress", "device", "resume",
                 "dpgan.grad_backend", "feta.grad_backend", "feta.ghost_conv", "feta.cuda_graph")
 #: non-measured numbers that the pages quote, as written there, with where each is defined
 CONSTANTS = {
-    "9 minutes": "bench/gpu_levers.sh's limit: its parts' timeouts (140 + 205 + 150 s) and the wheels' install",
+    "9 minutes": "bench/gpu_levers.sh's limit: its parts' timeouts (140 + 195 + 150 s) and the wheels' install",
     "0.05": "collect.py flags a selected g2r reading more than 0.05 above the fixed one (dpgen/report.py)",
     "0.10": "chance accuracy of a 10-class task",
     "0.95": "audit.confidence, configs/audit.yaml",
