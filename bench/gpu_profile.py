@@ -251,6 +251,30 @@ class _GlobalOnly:
         return None
 
 
+def grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                               _output_padding, groups, output_mask, out_shape, **_kw) -> int:
+    """FLOPs of ``aten.convolution_backward``, the weight gradient counted per group.
+
+    torch's own formula (``torch.utils.flop_counter.conv_backward_flop``) counts the weight gradient of a convolution
+    with g groups as a dense one: every input channel times every output channel, g times the real work. vmap turns
+    the ensembles' members into groups (100 pairs: 100 groups), so its count of GS-WGAN's pre-training came out above
+    the card's matmul rate. Here each output channel meets its own group's ``C_in / g`` input channels only; the
+    input gradient, already counted per group there, is torch's.
+    """
+    from torch.utils.flop_counter import conv_flop_count
+
+    def t(shape):
+        return [shape[1], shape[0], *shape[2:]]
+
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        pair = (t(grad_out_shape), t(x_shape)) if transposed else (t(x_shape), t(grad_out_shape))
+        flops += conv_flop_count(*pair, t(out_shape[1]), transposed=False) // max(1, int(groups))
+    return flops
+
+
 class _FlopWindow:
     """A ``FlopCounterMode`` opened by one hook and closed by another (the start and end of one step).
 
@@ -273,7 +297,8 @@ class _FlopWindow:
             # not fail; older torch has no such option and counts what it knows
             extra = ({"skip_unsupported": True}
                      if "skip_unsupported" in inspect.signature(FlopCounterMode.__init__).parameters else {})
-            mode = FlopCounterMode(display=False, **extra)
+            mode = FlopCounterMode(display=False, custom_mapping={
+                torch.ops.aten.convolution_backward: grouped_conv_backward_flop}, **extra)
             if hasattr(mode, "mod_tracker"):  # torch >= 2.4's per-module attribution (private, hence the check)
                 mode.mod_tracker = _GlobalOnly()
             mode.__enter__()

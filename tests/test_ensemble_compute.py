@@ -176,6 +176,25 @@ def test_training_precision_sets_the_ensemble_settings_for_the_duration():
     with pytest.raises(ValueError, match="ensemble.conv"):
         with ensemble_settings(conv="loop"):
             pass
+    with pytest.raises(ValueError, match="ensemble.generators"):
+        with ensemble_settings(generators="grouped"):
+            pass
+
+
+@pytest.mark.parametrize("mode, on_cpu, on_cuda", [("auto", False, True), ("vmap", True, True),
+                                                    ("loop", False, False)])
+def test_ensemble_generators_decides_how_the_warm_up_generators_run(mode, on_cpu, on_cuda):
+    """``ensemble.generators``: auto keeps today's choice (vmap on a GPU, the loop on a CPU); vmap and loop force
+    it on every device. A stack given ``vmapped`` explicitly keeps it."""
+    from dpgen.gswgan.ensemble import GeneratorStack, _vmapped
+    from dpgen.gswgan.nets import ResNetGenerator
+
+    with training_precision("fp32", "cpu", ensemble_generators=mode):
+        assert (_vmapped("cpu"), _vmapped(torch.device("cuda"))) == (on_cpu, on_cuda)
+        make = partial(ResNetGenerator, 10, [1, 8, 8], 10, 4)
+        assert GeneratorStack(make, 2, torch.device("cpu"), 1e-3, (0.5, 0.9)).vmapped is on_cpu
+        assert GeneratorStack(make, 2, torch.device("cpu"), 1e-3, (0.5, 0.9), vmapped=not on_cpu).vmapped is not on_cpu
+    assert ensemble_compute().generators == "auto"
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------------
@@ -237,8 +256,9 @@ def test_compiled_teacher_step_equals_eager_without_graph_breaks():
 # ---- the config keys, through the pipeline --------------------------------------------------------------------
 
 def test_the_pipeline_applies_precision_compile_and_ensemble_conv(tmp_path, monkeypatch, one_torch_thread):
-    """``precision=bf16 compile=true ensemble.conv=batched`` in the config reach a gswgan run's members' steps
-    (the schema accepts all three for an ensemble method), and the defaults leave the run fp32, eager, grouped.
+    """``precision=bf16 compile=true ensemble.conv=batched ensemble.generators=vmap`` in the config reach a gswgan run's
+    members' steps and warm-up generators (the schema accepts them for an ensemble method), and the defaults leave the
+    run fp32, eager, grouped, its generators looped on a CPU.
     torch.compile is replaced by a recorder here: the compiled path itself is checked above."""
     from tiny import compose_cfg
 
@@ -255,15 +275,27 @@ def test_the_pipeline_applies_precision_compile_and_ensemble_conv(tmp_path, monk
         return orig_adam(*a, **kw)
 
     monkeypatch.setattr(functional, "_adam_rows", _adam_rows)
+    import dpgen.gswgan.ensemble as gens_module
+
+    stacks, orig_init = [], gens_module.GeneratorStack.__init__
+
+    def init(self, *a, **kw):  # the pre-training's warm-up generators
+        orig_init(self, *a, **kw)
+        stacks.append(self.vmapped)
+
+    monkeypatch.setattr(gens_module.GeneratorStack, "__init__", init)
     monkeypatch.setattr(compute.torch, "compile", lambda fn, **kw: wrapped.append(fn) or fn)
     monkeypatch.setattr(compute, "_COMPILED", {})
-    for name, extra in (("default", []), ("fast", ["precision=bf16", "compile=true", "ensemble.conv=batched"])):
+    for name, extra in (("default", []), ("fast", ["precision=bf16", "compile=true", "ensemble.conv=batched",
+                                                   "ensemble.generators=vmap"])):
         seen.clear()
+        stacks.clear()
         cfg = compose_cfg("gswgan", *extra, "privacy.noise_seed=7", "tensorboard=false", "progress=false",
                           "threads=1", "samples_per_class=1", f"data_root={tmp_path / 'data'}")
         run_training(cfg, tmp_path / name, evaluate=False)
         assert seen, "no members' step ran"
         want = (torch.bfloat16, True, "batched") if extra else (torch.float32, False, "grouped")
         assert {(s.dtype, s.compile, s.conv) for s in seen} == {want}
+        assert stacks and set(stacks) == {bool(extra)}, "auto loops on a CPU; ensemble.generators=vmap batches"
     assert ensemble_compute() == type(seen[0])(), "the settings end with the training"
     assert {f.__name__ for f in wrapped} == {"_member_grads", "_adam_rows"}

@@ -175,3 +175,64 @@ def test_batched_ensembles_launch_a_fixed_number_of_operators_per_chunk():
     dpac = {size: ops for name, size, ops in rows if name.startswith("dpac")}
     assert 3.5 < gpate[2] / gpate[8] <= 4.0, gpate
     assert dpac[2] == dpac[4], dpac
+
+
+# ---- FLOPs of grouped convolutions (the ensembles' members under vmap) ----------------------------------------
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_grouped_conv_backward_flop_counts_each_group_once(transposed):
+    """A convolution of g groups does the work of g convolutions of one group each, forward and backward (input and
+    weight gradients): the per-group formula counts exactly that, where torch's own counts the weight gradient as a
+    dense convolution's (g times the work)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    bench, groups, cin, cout = _bench(), 3, 4, 6
+
+    def count(g: int) -> int:
+        x = torch.randn(5, g * cin, 9, 9, requires_grad=True)
+        shape = (g * cin, cout, 3, 3) if transposed else (g * cout, cin, 3, 3)
+        w = torch.randn(shape, requires_grad=True)
+        mode = FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten.convolution_backward: bench.grouped_conv_backward_flop})
+        with mode:
+            conv = F.conv_transpose2d if transposed else F.conv2d
+            conv(x, w, stride=2, padding=1, groups=g).square().sum().backward()
+        return int(mode.get_total_flops())
+
+    assert count(groups) == groups * count(1) > 0
+
+
+def _pretrain_flops():
+    spec = importlib.util.spec_from_file_location("pretrain_flops", ROOT / "bench" / "pretrain_flops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pretrain_flops_per_pair_do_not_grow_with_the_chunk(capsys, one_torch_thread):
+    """bench/pretrain_flops.py: per pair, the per-group count of a vmapped pre-training iteration is the same for 1
+    and 3 pairs, and the same as the warm-up generators' loop (dense convolutions, which torch counts right);
+    torch's own count adds the weight gradients' surplus once there are two pairs or more. The table's torch column
+    extrapolates that surplus to the chunk, and each measured time becomes its TFLOP/s."""
+    bench = _pretrain_flops()
+    cfg = _bench()._compose("gswgan", "fmnist", "1", "quick", [])
+    shape = [1, 28, 28]
+    one, surplus_one = bench.count_iteration(cfg.gswgan, shape, 10, 1)
+    three, surplus_three = bench.count_iteration(cfg.gswgan, shape, 10, 3)
+    loop, _ = bench.count_iteration(cfg.gswgan, shape, 10, 3, vmapped=False)
+    assert all(one[p] > 0 and three[p] == 3 * one[p] for p in bench.PARTS), (one, three)
+    # the loop within 0.1 %: flop_counter skips matrix-vector products (the spectral norms' σ), which vmap batches
+    # into counted bmm
+    assert all(math.isclose(loop[p], three[p], rel_tol=1e-3) for p in bench.PARTS), (loop, three)
+    assert sum(surplus_one.values()) == 0 and surplus_three["critic"] > 0 and surplus_three["generator"] > 0
+    assert surplus_three["fakes"] == 0, "no backward without gradients"
+    out = bench.main(["--profile", "quick", "--pairs", "2", "--seconds", "2.0"])
+    per_pair = sum(out["per_pair"].values())
+    assert per_pair == sum(one.values())
+    assert sum(out["torch_chunk"].values()) > per_pair
+    (sec, rate, _), = out["achieved"]
+    assert math.isclose(rate, per_pair * 100 / 2.0 / 1e12)  # the quick profile's chunks of 100 pairs
+    assert math.isclose(out["whole"], per_pair * 200 * 10)  # K = 200 pairs, 10 warm-up iterations
+    assert "| all |" in capsys.readouterr().out

@@ -43,7 +43,7 @@ from dpgen.core.checks import (CheckContext, Facts, dataclass_in, bad, check_blo
 from dpgen.core.hparams import (DpacHparams, DpafHparams, DpganHparams, EfsgdHparams, FetaHparams, GpateHparams,
                                 GswganHparams)
 from dpgen.core.hparams.gswgan import gswgan_block_from_dpac
-from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, PRECISIONS
+from dpgen.core.precision import BF16_METHODS, ENSEMBLE_CONVS, ENSEMBLE_GENERATORS, PRECISIONS
 from dpgen.data.folder import CHANNELS as FOLDER_CHANNELS, RESOLUTIONS as FOLDER_RESOLUTIONS
 from dpgen.errors import DpgenError
 
@@ -197,8 +197,10 @@ class DebugSchema:
 @dataclass
 class EnsembleSchema:
     """How the stacked ensembles (gswgan/dpac/efsgd discriminators, classifier, encoders; gpate teachers) lay out
-    their members' convolutions: grouped convolutions or unfold + one batched matmul (dpgen/ensemble/compute.py)."""
+    their members' convolutions: grouped convolutions or unfold + one batched matmul (dpgen/ensemble/compute.py),
+    and how the pre-training's warm-up generators run: vmapped, one loop iteration per member, or auto."""
     conv: str = spec("grouped", choices=ENSEMBLE_CONVS)
+    generators: str = spec("auto", choices=ENSEMBLE_GENERATORS)
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

@@ -16,6 +16,7 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 
 from dpgen.gswgan.nets import Forward, Params
 from dpgen.ensemble import MemberStack, NetStack, functional_step
+from dpgen.core.precision import ensemble_compute
 from dpgen.ensemble.compute import member_forward, to_compute
 
 
@@ -42,6 +43,17 @@ def critic_step(stack: NetStack, fwd: Forward, members: torch.Tensor, xr: torch.
                            members, xr, yr, xf, yf, alpha, lr=lr, betas=betas, sampled=sampled)
 
 
+def _vmapped(device: torch.device | str) -> bool:
+    """Whether warm-up generators on ``device`` run vmapped under the run's ``ensemble.generators``.
+
+    ``auto`` keeps vmap on accelerators and the loop on a CPU, where the loop measured 1.2-3x faster. vmap turns
+    each member's convolution into one group of a grouped convolution; at the paper's width (256 channels, 100
+    members a chunk) that is the grouped backward the H200 profile names, and the loop's dense per-member
+    convolutions are the alternative a GPU call times (docs/performance.md)."""
+    mode = ensemble_compute().generators
+    return torch.device(device).type != "cpu" if mode == "auto" else mode == "vmap"
+
+
 class GeneratorStack:
     """M throw-away warm-up generators, one per discriminator (official ``pretrain.py``), trained at once.
 
@@ -56,9 +68,10 @@ class GeneratorStack:
 
     def __init__(self, make: Callable[[], nn.Module], m: int, device: torch.device, lr: float,
                  betas: tuple[float, float], vmapped: bool | None = None, shared_init: bool = False) -> None:
+        """``vmapped``: the members batched by vmap or run in a loop; None: the run's ``ensemble.generators``."""
         nets = [make().to(device)]
         nets += [copy.deepcopy(nets[0]) if shared_init else make().to(device) for _ in range(m - 1)]
-        self.vmapped = torch.device(device).type != "cpu" if vmapped is None else bool(vmapped)
+        self.vmapped = _vmapped(device) if vmapped is None else bool(vmapped)
         self.template = copy.deepcopy(nets[0]).eval()
         self.params, self.buffers = stack_module_state(nets)
         self.adam = MemberStack(self.params)  # the members' Adam states (one lockstep block)
@@ -74,10 +87,8 @@ class GeneratorStack:
         return self.template.sample_z(n * b, g, dev).view(n, b, -1)
 
     def __call__(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Member i's images for z[i], y[i] ([M, b, ...]).
-
-        vmap on accelerators; by default a loop over members on a CPU, where it measured 1.2-3x faster
-        (vmap turns the convolutions into grouped ones)."""
+        """Member i's images for z[i], y[i] ([M, b, ...]), by vmap or by a loop over members (the same function:
+        tests/test_dpac_ensemble.py)."""
         with member_forward() as dt:  # the ensemble dtype by explicit casts (autocast misses vmap)
             return self._call(z, y, dt)
 
