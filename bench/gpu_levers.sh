@@ -4,7 +4,9 @@
 #   1. feta's DP-SGD micro-batch step (bench/feta_step.py): 32 records (today), 64, 128 and memory-sized, ghost_conv
 #      auto (today) and patches, cuda_graph off (today) and on, fp32 and bf16; today's setting first and again last.
 #   2. GS-WGAN's discriminator pre-training (bench/gpu_check.py's gswgan rows, bf16 eager, one process): today's,
-#      then ensemble.conv=batched, cudnn_benchmark=true and memory-sized chunks (gswgan.pretrain_chunk=null).
+#      then the warm-up generators as a loop of dense nets (ensemble.generators=loop; they are 90 % of the FLOPs,
+#      bench/pretrain_flops.py), ensemble.conv=batched, memory-sized chunks (gswgan.pretrain_chunk=null) and
+#      cudnn_benchmark=true, in that order (the check's budget skips the last rows first).
 #   3. feta's whole DP-SGD step (bench/gpu_check.py's feta row) with part 1's fastest fp32 setting.
 # Each part writes its table (and JSON) under GPU_OUT and the tables are printed last. Docs: docs/performance.md.
 # LEVERS_TINY=1 (with PYTHON=.venv/bin/python and no WHEELS): a CPU dry run of the same three parts in about a
@@ -40,7 +42,7 @@ G=gswgan:bf16:false
 [ -n "${LEVERS_TINY:-}" ] && G=gswgan:fp32:false
 # shellcheck disable=SC2086
 timeout 195 $PY bench/gpu_check.py $CHECK_ARGS --budget $GS_MIN --data-root "$DATA" --out "$OUT/gswgan" \
-    --variants "$G,$G:ensemble.conv=batched,$G:cudnn_benchmark=true,$G:gswgan.pretrain_chunk=null" \
+    --variants "$G,$G:ensemble.generators=loop,$G:ensemble.conv=batched,$G:gswgan.pretrain_chunk=null,$G:cudnn_benchmark=true" \
     > "$OUT/gswgan.log" 2>&1 || say "gswgan: exit $?"
 
 # part 1's fastest fp32 setting as gpu_check overrides (none: today's)

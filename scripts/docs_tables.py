@@ -61,7 +61,10 @@ RUNTIME_KEYS = ("hydra", "data_root", "threads", "progress", "device", "resume",
                 # how DP-SGD gets the per-record clipped sum: every backend computes the same sum within fp32's
                 # tolerance, with the same ledger (tests/test_feta_privacy.py compares them), and so do the ghost
                 # backend's conv paths and the captured step (tests/test_ghost.py, tests/test_graph.py)
-                "dpgan.grad_backend", "feta.grad_backend", "feta.ghost_conv", "feta.cuda_graph")
+                "dpgan.grad_backend", "feta.grad_backend", "feta.ghost_conv", "feta.cuda_graph",
+                # the warm-up generators vmapped or looped: the same nets and steps within fp32's tolerance
+                # (tests/test_dpac_ensemble.py)
+                "ensemble.generators")
 #: non-measured numbers that the pages quote, as written there, with where each is defined
 CONSTANTS = {
     "9 minutes": "bench/gpu_levers.sh's limit: its parts' timeouts (140 + 195 + 150 s) and the wheels' install",

@@ -62,7 +62,7 @@ def test_gpu_levers_dry_run_on_a_cpu(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for part in ("feta_step/feta_step.md", "gswgan/gpu_check.md", "feta_best/gpu_check.md"):
         assert f"== {tmp_path}/{part}" in out.stdout
-    assert out.stdout.count("| gswgan pre-training | fp32 | off |") == 4
+    assert out.stdout.count("| gswgan pre-training | fp32 | off |") == 5
     assert "feta.micro_batch=" in out.stdout.split(f"== {tmp_path}/feta_best")[1].splitlines()[1]
 
 
