@@ -5,7 +5,7 @@
 #      auto (today) and patches, cuda_graph off (today) and on, fp32 and bf16; today's setting first and again last.
 #   2. GS-WGAN's discriminator pre-training (bench/gpu_check.py's gswgan rows, bf16 eager, one process): today's,
 #      then the warm-up generators as a loop of dense nets (ensemble.generators=loop; they are 90 % of the FLOPs,
-#      bench/pretrain_flops.py), ensemble.conv=batched, memory-sized chunks (gswgan.pretrain_chunk=null) and
+#      bench/flops.py), ensemble.conv=batched, memory-sized chunks (gswgan.pretrain_chunk=null) and
 #      cudnn_benchmark=true, in that order (the check's budget skips the last rows first).
 #   3. feta's whole DP-SGD step (bench/gpu_check.py's feta row) with part 1's fastest fp32 setting.
 # Each part writes its table (and JSON) under GPU_OUT and the tables are printed last. Docs: docs/performance.md.

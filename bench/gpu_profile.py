@@ -12,7 +12,8 @@ time per (discriminator, warm-up generator) pair and iteration, its FLOPs and TF
 classifiers) is not included. Each method runs in its own subprocess (clean peak memory).
 
 FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and their
-backward passes; element-wise work is not counted) over one step that is never timed: the first step of the
+backward passes, a grouped convolution's weight gradient per group: :func:`grouped_conv_backward_flop`;
+element-wise work is not counted) over one step that is never timed: the first step of the
 run, and for a run with a first phase (below) also the first step of the main phase; for the ensembles also
 the first warm-up iteration of the pre-training. The counter costs Python time per operator, so it stays off
 while steps are timed; its overhead lands in the setup time.
@@ -273,6 +274,26 @@ def grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride,
         pair = (t(grad_out_shape), t(x_shape)) if transposed else (t(x_shape), t(grad_out_shape))
         flops += conv_flop_count(*pair, t(out_shape[1]), transposed=False) // max(1, int(groups))
     return flops
+
+
+def count_flops(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+    """(``fn()``, its FLOPs counted per convolution group, what torch's own formula adds to them): the surplus is
+    the grouped convolutions' weight gradients counted (groups - 1) times too often (bench/flops.py)."""
+    from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop
+
+    surplus = [0]
+
+    def per_group(*shapes, **kw):
+        ours = grouped_conv_backward_flop(*shapes, **kw)
+        surplus[0] += conv_backward_flop.__wrapped__(*shapes, **kw) - ours  # torch's formula, on shapes
+        return ours
+
+    mode = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: per_group})
+    if hasattr(mode, "mod_tracker"):
+        mode.mod_tracker = _GlobalOnly()
+    with mode:
+        out = fn()
+    return out, int(mode.get_total_flops()), surplus[0]
 
 
 class _FlopWindow:

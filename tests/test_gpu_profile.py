@@ -204,19 +204,19 @@ def test_grouped_conv_backward_flop_counts_each_group_once(transposed):
     assert count(groups) == groups * count(1) > 0
 
 
-def _pretrain_flops():
-    spec = importlib.util.spec_from_file_location("pretrain_flops", ROOT / "bench" / "pretrain_flops.py")
+def _flops():
+    spec = importlib.util.spec_from_file_location("flops", ROOT / "bench" / "flops.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_pretrain_flops_per_pair_do_not_grow_with_the_chunk(capsys, one_torch_thread):
-    """bench/pretrain_flops.py: per pair, the per-group count of a vmapped pre-training iteration is the same for 1
+    """bench/flops.py gswgan: per pair, the per-group count of a vmapped pre-training iteration is the same for 1
     and 3 pairs, and the same as the warm-up generators' loop (dense convolutions, which torch counts right);
     torch's own count adds the weight gradients' surplus once there are two pairs or more. The table's torch column
     extrapolates that surplus to the chunk, and each measured time becomes its TFLOP/s."""
-    bench = _pretrain_flops()
+    bench = _flops()
     cfg = _bench()._compose("gswgan", "fmnist", "1", "quick", [])
     shape = [1, 28, 28]
     one, surplus_one = bench.count_iteration(cfg.gswgan, shape, 10, 1)
@@ -228,11 +228,33 @@ def test_pretrain_flops_per_pair_do_not_grow_with_the_chunk(capsys, one_torch_th
     assert all(math.isclose(loop[p], three[p], rel_tol=1e-3) for p in bench.PARTS), (loop, three)
     assert sum(surplus_one.values()) == 0 and surplus_three["critic"] > 0 and surplus_three["generator"] > 0
     assert surplus_three["fakes"] == 0, "no backward without gradients"
-    out = bench.main(["--profile", "quick", "--pairs", "2", "--seconds", "2.0"])
-    per_pair = sum(out["per_pair"].values())
-    assert per_pair == sum(one.values())
-    assert sum(out["torch_chunk"].values()) > per_pair
+    out = bench.main(["gswgan", "--profile", "quick", "--pairs", "2", "--seconds", "2.0"])
+    per_pair = sum(one.values())
+    assert out["per_unit"] == per_pair and out["torch_per_unit"] > per_pair
     (sec, rate, _), = out["achieved"]
     assert math.isclose(rate, per_pair * 100 / 2.0 / 1e12)  # the quick profile's chunks of 100 pairs
     assert math.isclose(out["whole"], per_pair * 200 * 10)  # K = 200 pairs, 10 warm-up iterations
     assert "| all |" in capsys.readouterr().out
+
+
+def test_feta_micro_batch_flops_per_record_do_not_grow_with_the_micro_batch(monkeypatch, capsys, one_torch_thread):
+    """bench/flops.py feta: the ghost step's per-record gradients by a convolution of one group per record
+    (``feta.ghost_conv=grouped``, the GPU's auto) count, per group, what the unfolded path counts (no grouped
+    convolution there, which torch counts right), for 2 and 3 records alike; torch's count adds a surplus that grows
+    with the records. The CPU kernel, which torch cannot count, is off for the count only."""
+    from dpgen.privacy.ghost_kernel import ENV
+
+    monkeypatch.delenv(ENV, raising=False)
+    bench = _flops()
+    two, surplus_two = bench.count_micro("quick", 2, 2, "grouped")
+    three, surplus_three = bench.count_micro("quick", 3, 2, "grouped")
+    patches, surplus_patches = bench.count_micro("quick", 2, 2, "patches")
+    assert two > 0 and 3 * two == 2 * three, (two, three)
+    assert math.isclose(two, patches, rel_tol=1e-6) and surplus_patches == 0, (two, patches)
+    assert 0 < surplus_two < surplus_three
+    import os
+
+    assert ENV not in os.environ, "the kernel's switch is put back"
+    out = bench.main(["feta", "--unet", "quick", "--profile", "quick", "--seconds", "1.0"])
+    assert out["per_unit"] < out["torch_per_unit"]
+    assert "| DP-SGD micro-batch" in capsys.readouterr().out
