@@ -11,8 +11,8 @@ matrices, the reference for the "% matmul" column), then one row per (method, va
 - columns: s/step (gswgan: s per warm-up iteration of one chunk of pairs; the mean over the steps the row's
   budget share allowed after the warm-up steps), achieved TFLOP/s (FLOPs counted by
   ``torch.utils.flop_counter``, grouped convolutions per group, over one untimed step / s/step), that rate as a
-  percentage of the measured bf16 matmul rate, peak memory (``torch.cuda.max_memory_allocated``; on a CPU the process's max RSS, which
-  only grows), and the full-run estimate (gswgan: the full pre-training).
+  percentage of the measured bf16 matmul rate, peak memory (``torch.cuda.max_memory_allocated``; on a CPU the
+  process's max RSS, which only grows), and the full-run estimate (gswgan: the full pre-training).
 
 Each row is bench/gpu_profile.py's :func:`profile_one` (the same timing, FLOP counting and extrapolation),
 stopped by its budget share. A variant the config refuses (a precision the method does not support, a
